@@ -1,0 +1,224 @@
+"""Cells, deletion times and row liveness, with their serializers side by side.
+
+Byte format: commitlog-format.md §6.6 (cell), §6.7 (complex column), §7.3 (deletion time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..schema.model import ColumnMetadata
+from .header import SerializationHeader, StatsCollector
+from .io import DataInput, DataOutput
+
+LONG_MIN = -(1 << 63)
+INT_MAX = (1 << 31) - 1
+NO_TTL = 0
+# A liveness TTL of Integer.MAX_VALUE marks the "expired liveness" of materialized view rows.
+EXPIRED_LIVENESS_TTL = INT_MAX
+
+
+def no_deletion_time(version: int) -> int:
+    """The local deletion time meaning "none": Integer.MAX_VALUE, or 2^32-1 in 5.0's unsigned format."""
+    return 0xFFFFFFFF if version >= 8 else INT_MAX
+
+
+@dataclass(frozen=True, slots=True)
+class DeletionTime:
+    """A deletion: everything written at or before ``marked_for_delete_at`` is deleted.
+
+    ``local_deletion_time`` is when the deletion happened, in seconds (used for tombstone GC).
+    """
+
+    marked_for_delete_at: int
+    local_deletion_time: int
+
+    @staticmethod
+    def deserialize(inp: DataInput, header: SerializationHeader) -> "DeletionTime":
+        return DeletionTime(header.read_timestamp(inp), header.read_ldt(inp))
+
+    def serialize(self, out: DataOutput, header: SerializationHeader) -> None:
+        header.write_timestamp(out, self.marked_for_delete_at)
+        header.write_ldt(out, self.local_deletion_time)
+
+    def collect(self, stats: StatsCollector) -> None:
+        stats.timestamp_seen(self.marked_for_delete_at)
+        stats.ldt_seen(self.local_deletion_time)
+
+    @property
+    def is_live(self) -> bool:
+        """Cassandra's DeletionTime.LIVE placeholder (no deletion), recognised by its timestamp."""
+        return self.marked_for_delete_at == LONG_MIN
+
+    def deletes(self, timestamp: int) -> bool:
+        return timestamp <= self.marked_for_delete_at
+
+
+@dataclass(frozen=True, slots=True)
+class LivenessInfo:
+    """Primary key liveness ("row marker") written by INSERT; UPDATE writes none.
+
+    ``ttl`` > 0 makes it expiring at ``local_expiration_time`` (seconds).
+    """
+
+    timestamp: int
+    ttl: int = NO_TTL
+    local_expiration_time: int | None = None
+
+    @property
+    def is_expiring(self) -> bool:
+        return self.ttl != NO_TTL
+
+    def collect(self, stats: StatsCollector) -> None:
+        stats.timestamp_seen(self.timestamp)
+        if self.is_expiring:
+            stats.ttl_seen(self.ttl)
+            stats.ldt_seen(self.local_expiration_time)  # type: ignore[arg-type]
+
+
+@dataclass(slots=True)
+class Cell:
+    """One value of a simple column, or one element of a complex column (then ``path`` is set).
+
+    A live cell has ``local_deletion_time`` None; an expiring cell has ``ttl`` > 0 and expires at
+    ``local_deletion_time``; a tombstone has ``ttl`` 0 and was deleted at ``local_deletion_time``.
+    Counter cells hold a counter context as value (see :mod:`.counters`).
+    """
+
+    column: ColumnMetadata
+    timestamp: int
+    value: bytes = b""
+    ttl: int = NO_TTL
+    local_deletion_time: int | None = None
+    path: bytes | None = None
+
+    @property
+    def is_tombstone(self) -> bool:
+        return self.local_deletion_time is not None and self.ttl == NO_TTL
+
+    @property
+    def is_expiring(self) -> bool:
+        return self.ttl != NO_TTL
+
+    def collect(self, stats: StatsCollector) -> None:
+        stats.timestamp_seen(self.timestamp)
+        if self.local_deletion_time is not None:
+            stats.ldt_seen(self.local_deletion_time)
+            if self.is_expiring:
+                stats.ttl_seen(self.ttl)
+
+
+# Cell flags
+IS_DELETED = 0x01
+IS_EXPIRING = 0x02
+HAS_EMPTY_VALUE = 0x04
+USE_ROW_TIMESTAMP = 0x08
+USE_ROW_TTL = 0x10
+
+
+class CellSerializer:
+    @staticmethod
+    def deserialize(inp: DataInput, header: SerializationHeader, column: ColumnMetadata,
+                    liveness: LivenessInfo | None) -> Cell:
+        flags = inp.byte()
+        is_deleted = flags & IS_DELETED
+        is_expiring = flags & IS_EXPIRING
+        use_row_ttl = flags & USE_ROW_TTL
+        if flags & USE_ROW_TIMESTAMP:
+            if liveness is None:
+                raise ValueError(f"cell of {column.name} uses the row timestamp but the row has none")
+            timestamp = liveness.timestamp
+        else:
+            timestamp = header.read_timestamp(inp)
+        ttl, ldt = NO_TTL, None
+        if use_row_ttl:
+            if liveness is None or not liveness.is_expiring:
+                raise ValueError(f"cell of {column.name} uses the row TTL but the row has none")
+            ttl, ldt = liveness.ttl, liveness.local_expiration_time
+        elif is_deleted or is_expiring:
+            ldt = header.read_ldt(inp)
+            if is_expiring:
+                ttl = header.read_ttl(inp)
+        path = inp.bytes_vint() if column.is_complex else None
+        if flags & HAS_EMPTY_VALUE:
+            value = b""
+        elif path is None and (fixed := column.type.fixed_length) is not None:
+            value = inp.raw(fixed)
+        else:
+            value = inp.bytes_vint()
+        return Cell(column, timestamp, value, ttl, ldt, path)
+
+    @staticmethod
+    def serialize(cell: Cell, out: DataOutput, header: SerializationHeader, liveness: LivenessInfo | None) -> None:
+        is_expiring = cell.is_expiring
+        use_row_timestamp = liveness is not None and cell.timestamp == liveness.timestamp
+        use_row_ttl = (is_expiring and liveness is not None and liveness.is_expiring
+                       and cell.ttl == liveness.ttl and cell.local_deletion_time == liveness.local_expiration_time)
+        flags = 0
+        if cell.is_tombstone:
+            flags |= IS_DELETED
+        if is_expiring:
+            flags |= IS_EXPIRING
+        if not cell.value:
+            flags |= HAS_EMPTY_VALUE
+        if use_row_timestamp:
+            flags |= USE_ROW_TIMESTAMP
+        if use_row_ttl:
+            flags |= USE_ROW_TTL
+        out.byte(flags)
+        if not use_row_timestamp:
+            header.write_timestamp(out, cell.timestamp)
+        if not use_row_ttl and cell.local_deletion_time is not None:
+            header.write_ldt(out, cell.local_deletion_time)
+            if is_expiring:
+                header.write_ttl(out, cell.ttl)
+        if cell.column.is_complex:
+            out.bytes_vint(cell.path or b"")
+        if cell.value:
+            if cell.path is None and cell.column.type.fixed_length is not None:
+                out += cell.value
+            else:
+                out.bytes_vint(cell.value)
+
+
+@dataclass(slots=True)
+class ComplexColumn:
+    """The cells of one non-frozen collection or UDT column in a row.
+
+    ``deletion`` (e.g. the overwrite of a whole collection) deletes every element written at or
+    before its timestamp; None when the row carries no deletion for this column.
+    """
+
+    column: ColumnMetadata
+    cells: list[Cell] = field(default_factory=list)
+    deletion: DeletionTime | None = None
+
+    def collect(self, stats: StatsCollector) -> None:
+        if self.deletion is not None:
+            self.deletion.collect(stats)
+        for cell in self.cells:
+            cell.collect(stats)
+
+
+class ComplexColumnSerializer:
+    @staticmethod
+    def deserialize(inp: DataInput, header: SerializationHeader, column: ColumnMetadata,
+                    liveness: LivenessInfo | None, has_complex_deletion: bool) -> ComplexColumn:
+        deletion = None
+        if has_complex_deletion:
+            deletion = DeletionTime.deserialize(inp, header)
+            if deletion.is_live:
+                deletion = None
+        count = inp.uvint()
+        cells = [CellSerializer.deserialize(inp, header, column, liveness) for _ in range(count)]
+        return ComplexColumn(column, cells, deletion)
+
+    @staticmethod
+    def serialize(data: ComplexColumn, out: DataOutput, header: SerializationHeader,
+                  liveness: LivenessInfo | None, has_complex_deletion: bool) -> None:
+        if has_complex_deletion:
+            deletion = data.deletion or DeletionTime(LONG_MIN, no_deletion_time(header.version))
+            deletion.serialize(out, header)
+        out.uvint(len(data.cells))
+        for cell in data.cells:
+            CellSerializer.serialize(cell, out, header, liveness)

@@ -1,0 +1,384 @@
+"""CQL types: parsing type text, the storage encoding of values, and their JSON rendering.
+
+Values are encoded by the DataStax driver's ``cqltypes`` (the storage format of a value is the native
+protocol's, with collections packed as protocol v3+). This module adds what a storage-level reader needs
+on top: which types are written without a length (``fixed_length``), which columns are multi-cell
+(non-frozen collections and UDTs, one cell per element), and how a cell path maps to an element.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from cassandra import cqltypes, util
+
+# The storage format of a value is the native protocol's; v4 packs collections with int32 sizes
+# exactly as Cassandra stores frozen values (CollectionSerializer.pack with ProtocolVersion.V3).
+PROTOCOL_VERSION = 4
+
+_SIMPLE_TYPES: dict[str, type[cqltypes._CassandraType]] = {
+    "ascii": cqltypes.AsciiType,
+    "bigint": cqltypes.LongType,
+    "blob": cqltypes.BytesType,
+    "boolean": cqltypes.BooleanType,
+    "counter": cqltypes.CounterColumnType,
+    "date": cqltypes.SimpleDateType,
+    "decimal": cqltypes.DecimalType,
+    "double": cqltypes.DoubleType,
+    "duration": cqltypes.DurationType,
+    "float": cqltypes.FloatType,
+    "inet": cqltypes.InetAddressType,
+    "int": cqltypes.Int32Type,
+    "smallint": cqltypes.ShortType,
+    "text": cqltypes.UTF8Type,
+    "time": cqltypes.TimeType,
+    "timestamp": cqltypes.DateType,
+    "timeuuid": cqltypes.TimeUUIDType,
+    "tinyint": cqltypes.ByteType,
+    "uuid": cqltypes.UUIDType,
+    "varchar": cqltypes.UTF8Type,
+    "varint": cqltypes.IntegerType,
+    "empty": cqltypes.BytesType,  # Cassandra's EmptyType: hidden value column of compact tables
+}
+
+# AbstractType.valueLengthIfFixed(): these values are written raw, without a length prefix.
+# (date, time, smallint, tinyint and counter are variable-length although their values are small.)
+_FIXED_LENGTHS = {
+    "boolean": 1, "int": 4, "bigint": 8, "float": 4, "double": 8, "timestamp": 8,
+    "uuid": 16, "timeuuid": 16, "empty": 0,
+}
+
+_COLLECTIONS = ("list", "set", "map")
+
+
+class CqlTypeError(ValueError):
+    """A type string that cannot be parsed, or a value that does not fit its type."""
+
+
+@dataclass(frozen=True, eq=False)
+class CqlType:
+    """One CQL type, e.g. ``int``, ``frozen<map<text, int>>``, ``set<text>`` or a UDT.
+
+    ``kind`` is the type's family: the simple type name, or ``list``, ``set``, ``map``, ``tuple``,
+    ``udt`` or ``vector``. ``multi_cell`` is true for non-frozen collections and UDTs, which Cassandra
+    stores as one cell per element (complex columns).
+    """
+
+    kind: str
+    parameters: tuple["CqlType", ...] = ()
+    frozen: bool = False
+    udt_keyspace: str | None = None
+    udt_name: str | None = None
+    field_names: tuple[str, ...] = ()
+    dimension: int = 0
+    driver_type: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def multi_cell(self) -> bool:
+        return not self.frozen and self.kind in ("list", "set", "map", "udt")
+
+    @property
+    def is_counter(self) -> bool:
+        return self.kind == "counter"
+
+    @property
+    def fixed_length(self) -> int | None:
+        """Length of every value of this type, or None if values carry their own length."""
+        if self.kind == "vector":
+            element = self.parameters[0].fixed_length
+            return None if element is None else element * self.dimension
+        return _FIXED_LENGTHS.get(self.kind)
+
+    # --- element access for multi-cell columns -------------------------------------------------
+
+    @property
+    def path_type(self) -> "CqlType":
+        """Type of a cell path in a multi-cell column (list: timeuuid, set/map: key, udt: field index)."""
+        if self.kind == "list":
+            return TIMEUUID
+        if self.kind in ("set", "map"):
+            return self.parameters[0]
+        if self.kind == "udt":
+            return SMALLINT
+        raise CqlTypeError(f"{self.cql} has no cell paths")
+
+    def element_type(self, path: bytes) -> "CqlType":
+        """Type of the value stored in the cell at ``path`` of a multi-cell column."""
+        if self.kind == "list":
+            return self.parameters[0]
+        if self.kind == "set":
+            return EMPTY
+        if self.kind == "map":
+            return self.parameters[1]
+        if self.kind == "udt":
+            return self.parameters[int.from_bytes(path, "big")]
+        raise CqlTypeError(f"{self.cql} has no cell paths")
+
+    # --- values ---------------------------------------------------------------------------------
+
+    def deserialize(self, data: bytes) -> Any:
+        """Decode a value's storage bytes (never empty: empty values are flagged, not encoded)."""
+        if self.kind == "empty":
+            return None
+        return self.driver_type.deserialize(bytes(data), PROTOCOL_VERSION)
+
+    def serialize(self, value: Any) -> bytes:
+        if self.kind == "empty":
+            return b""
+        return self.driver_type.serialize(value, PROTOCOL_VERSION)
+
+    def to_json(self, value: Any) -> Any:
+        """Render a decoded value as JSON the way CQL's ``SELECT JSON`` shows it."""
+        return _to_json(self, value)
+
+    @property
+    def cql(self) -> str:
+        if self.kind == "udt":
+            text = quote(self.udt_name or "")
+        elif self.kind == "vector":
+            text = f"vector<{self.parameters[0].cql}, {self.dimension}>"
+        elif self.parameters:
+            text = f"{self.kind}<{', '.join(p.cql for p in self.parameters)}>"
+        else:
+            text = self.kind
+        wrap = self.frozen and self.kind in ("list", "set", "map", "udt", "tuple")
+        return f"frozen<{text}>" if wrap and not self._implicitly_frozen else text
+
+    @property
+    def _implicitly_frozen(self) -> bool:
+        return self.kind == "tuple"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CqlType) and self.cql == other.cql and self.udt_keyspace == other.udt_keyspace
+
+    def __hash__(self) -> int:
+        return hash(self.cql)
+
+    def __str__(self) -> str:
+        return self.cql
+
+
+def quote(name: str) -> str:
+    """A CQL identifier, double-quoted when it is not a plain lower-case name or is reserved."""
+    if re.fullmatch(r"[a-z_][a-z0-9_]*", name) and name not in _RESERVED:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+_RESERVED = {"key", "select", "from", "where", "table", "keyspace", "primary", "order", "by", "limit",
+             "token", "and", "or", "in", "to", "with", "set", "into", "values", "update", "delete", "insert",
+             "static", "frozen", "list", "map", "tuple", "type", "using", "ttl", "timestamp"}
+
+
+def simple_type(kind: str) -> CqlType:
+    if kind not in _SIMPLE_TYPES:
+        raise CqlTypeError(f"unknown CQL type {kind!r}")
+    return CqlType(kind=kind, driver_type=_SIMPLE_TYPES[kind])
+
+
+def list_type(element: CqlType, frozen: bool = False) -> CqlType:
+    return CqlType("list", (element,), frozen, driver_type=cqltypes.ListType.apply_parameters([element.driver_type]))
+
+
+def set_type(element: CqlType, frozen: bool = False) -> CqlType:
+    return CqlType("set", (element,), frozen, driver_type=cqltypes.SetType.apply_parameters([element.driver_type]))
+
+
+def map_type(key: CqlType, value: CqlType, frozen: bool = False) -> CqlType:
+    driver = cqltypes.MapType.apply_parameters([key.driver_type, value.driver_type])
+    return CqlType("map", (key, value), frozen, driver_type=driver)
+
+
+def tuple_type(elements: tuple[CqlType, ...]) -> CqlType:
+    driver = cqltypes.TupleType.apply_parameters([e.driver_type for e in elements])
+    return CqlType("tuple", elements, True, driver_type=driver)
+
+
+def vector_type(element: CqlType, dimension: int) -> CqlType:
+    driver = cqltypes.VectorType.apply_parameters([element.driver_type, dimension], [])
+    return CqlType("vector", (element,), True, dimension=dimension, driver_type=driver)
+
+
+def user_type(keyspace: str, name: str, fields: Mapping[str, CqlType], frozen: bool = False) -> CqlType:
+    names, types = tuple(fields), tuple(fields.values())
+    driver = cqltypes.UserType.make_udt_class(keyspace, name, names, [t.driver_type for t in types])
+    return CqlType("udt", types, frozen, udt_keyspace=keyspace, udt_name=name, field_names=names,
+                   driver_type=driver)
+
+
+def freeze(t: CqlType) -> CqlType:
+    if t.frozen or t.kind not in ("list", "set", "map", "udt"):
+        return t
+    return CqlType(t.kind, t.parameters, True, t.udt_keyspace, t.udt_name, t.field_names, t.dimension,
+                   t.driver_type)
+
+
+TIMEUUID = simple_type("timeuuid")
+SMALLINT = simple_type("smallint")
+EMPTY = simple_type("empty")
+BLOB = simple_type("blob")
+
+_TOKEN = re.compile(r'\s*("(?:[^"]|"")*"|[A-Za-z0-9_.]+|<|>|,)')
+
+
+def parse_type(text: str, keyspace: str = "", user_types: Mapping[str, CqlType] | None = None) -> CqlType:
+    """Parse a CQL type as ``DESCRIBE`` or ``system_schema.columns.type`` writes it.
+
+    ``user_types`` maps the UDT names of ``keyspace`` to their (non-frozen) types.
+    """
+    tokens = _tokenize(text)
+    parsed, rest = _parse(tokens, keyspace, user_types or {}, text)
+    if rest:
+        raise CqlTypeError(f"unexpected {' '.join(rest)!r} at the end of type {text!r}")
+    return parsed
+
+
+def _tokenize(text: str) -> list[str]:
+    tokens: list[str] = []
+    pos = 0
+    text = text.strip()
+    while pos < len(text):
+        match = _TOKEN.match(text, pos)
+        if not match:
+            raise CqlTypeError(f"cannot parse type {text!r} at character {pos}")
+        tokens.append(match.group(1))
+        pos = match.end()
+    return tokens
+
+
+def _parse(tokens: list[str], keyspace: str, udts: Mapping[str, CqlType], text: str) -> tuple[CqlType, list[str]]:
+    if not tokens:
+        raise CqlTypeError(f"incomplete type {text!r}")
+    head, rest = tokens[0], tokens[1:]
+    name = head[1:-1].replace('""', '"') if head.startswith('"') else head.lower()
+    args: list[str | CqlType] = []
+    if rest and rest[0] == "<":
+        rest = rest[1:]
+        while True:
+            if rest and rest[0].isdigit():
+                args.append(rest[0])
+                rest = rest[1:]
+            else:
+                arg, rest = _parse(rest, keyspace, udts, text)
+                args.append(arg)
+            if not rest:
+                raise CqlTypeError(f"unclosed '<' in type {text!r}")
+            if rest[0] == ">":
+                rest = rest[1:]
+                break
+            if rest[0] != ",":
+                raise CqlTypeError(f"expected ',' or '>' in type {text!r}, got {rest[0]!r}")
+            rest = rest[1:]
+    types = [a for a in args if isinstance(a, CqlType)]
+    # Types nested in a collection, tuple or UDT are always frozen in storage.
+    nested = [freeze(t) for t in types]
+    if name == "frozen":
+        if len(types) != 1:
+            raise CqlTypeError(f"frozen<> takes one type in {text!r}")
+        return freeze(types[0]), rest
+    if name in ("list", "set") and len(nested) == 1:
+        return (list_type if name == "list" else set_type)(nested[0]), rest
+    if name == "map" and len(nested) == 2:
+        return map_type(nested[0], nested[1]), rest
+    if name == "tuple" and nested:
+        return tuple_type(tuple(nested)), rest
+    if name == "vector" and len(args) == 2 and isinstance(args[1], str):
+        return vector_type(nested[0], int(args[1])), rest
+    if args:
+        raise CqlTypeError(f"wrong parameters for {name} in type {text!r}")
+    if name in _SIMPLE_TYPES:
+        return simple_type(name), rest
+    udt_name = name if head.startswith('"') else head
+    for candidate in (udt_name, udt_name.lower()):
+        if candidate in udts:
+            return udts[candidate], rest
+    if "." in head:
+        raise CqlTypeError(f"custom type {head!r} in {text!r} is not supported")
+    raise CqlTypeError(f"unknown type {head!r} in {text!r} (not a CQL type nor a UDT of keyspace {keyspace!r})")
+
+
+# --- JSON rendering -------------------------------------------------------------------------------
+
+def _to_json(t: CqlType, value: Any) -> Any:
+    if value is None:
+        return None
+    kind = t.kind
+    if kind in ("text", "varchar", "ascii", "boolean", "int", "bigint", "smallint", "tinyint", "counter"):
+        return value
+    if kind in ("float", "double"):
+        return value if math.isfinite(value) else str(value)
+    if kind in ("varint", "decimal"):
+        return str(value)
+    if kind == "blob":
+        return "0x" + bytes(value).hex()
+    if kind in ("uuid", "timeuuid"):
+        return str(value)
+    if kind == "inet":
+        return str(ipaddress.ip_address(value))
+    if kind == "timestamp":
+        return _timestamp_text(value)
+    if kind == "date":
+        return str(value)
+    if kind == "time":
+        return str(value)
+    if kind == "duration":
+        return duration_text(value)
+    if kind in ("list", "set", "vector"):
+        return [_to_json(t.parameters[0], v) for v in value]
+    if kind == "map":
+        return {_map_key(t.parameters[0], k): _to_json(t.parameters[1], v) for k, v in value.items()}
+    if kind == "tuple":
+        return [_to_json(p, v) for p, v in zip(t.parameters, value)]
+    if kind == "udt":
+        return {n: _to_json(p, getattr(value, n, None) if not isinstance(value, tuple) or hasattr(value, n)
+                             else value[i])
+                for i, (n, p) in enumerate(zip(t.field_names, t.parameters))}
+    return str(value)
+
+
+def _map_key(t: CqlType, key: Any) -> str:
+    rendered = _to_json(t, key)
+    return rendered if isinstance(rendered, str) else _json_text(rendered)
+
+
+def _json_text(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _timestamp_text(value: datetime.datetime) -> str:
+    # CQL shows timestamps as "2024-01-02 03:04:05.678Z" (millisecond precision, UTC).
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.timezone.utc)
+    return value.strftime("%Y-%m-%d %H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def duration_text(value: util.Duration) -> str:
+    """A duration as CQL writes it, e.g. ``1mo2d3h4m5s6ms7us8ns`` (``0s`` when zero)."""
+    months, days, nanos = value.months, value.days, value.nanoseconds
+    negative = months < 0 or days < 0 or nanos < 0
+    months, days, nanos = abs(months), abs(days), abs(nanos)
+    parts = []
+    if months:
+        years, months = divmod(months, 12)
+        parts += [f"{years}y"] if years else []
+        parts += [f"{months}mo"] if months else []
+    if days:
+        parts.append(f"{days}d")
+    for unit, size in (("h", 3_600_000_000_000), ("m", 60_000_000_000), ("s", 1_000_000_000),
+                       ("ms", 1_000_000), ("us", 1_000), ("ns", 1)):
+        count, nanos = divmod(nanos, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return ("-" if negative else "") + ("".join(parts) or "0s")
+
+
+__all__ = [
+    "CqlType", "CqlTypeError", "parse_type", "simple_type", "list_type", "set_type", "map_type",
+    "tuple_type", "vector_type", "user_type", "freeze", "duration_text", "quote",
+]
