@@ -1,8 +1,31 @@
 """Entry point of the ``cassandra-cdc`` command."""
 
+from importlib.metadata import version
+
 import typer
 
-app = typer.Typer(help="Change data capture for Apache Cassandra.", no_args_is_help=True)
+from .dump import dump
+
+app = typer.Typer(
+    help="Change data capture for Apache Cassandra: read commit logs, stream changes to Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command()(dump)
+
+
+def _print_version(requested: bool) -> None:
+    if requested:
+        typer.echo(f"cassandra-cdc {version('cassandra-cdc')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def cli(
+    show_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                      help="Print the version and exit."),
+) -> None:
+    """Change data capture for Apache Cassandra."""
 
 
 def main() -> None:

@@ -81,6 +81,7 @@ class Entry:
     start: int
     position: int
     body: bytes
+    section_offset: int  # file offset of the entry's sync section
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +129,7 @@ class SegmentReader:
         self._section_index = 0
         named = parse_segment_name(os.path.basename(self.path))
         if named and named[1] != self.descriptor.segment_id:
-            self._report(DamageKind.SEGMENT_ID_MISMATCH,
+            self.report(DamageKind.SEGMENT_ID_MISMATCH,
                          f"header id {self.descriptor.segment_id}, file name id {named[1]}", 4)
 
     @property
@@ -166,7 +167,7 @@ class SegmentReader:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _report(self, kind: DamageKind, detail: str, file_offset: int, position: int | None = None,
+    def report(self, kind: DamageKind, detail: str, file_offset: int, position: int | None = None,
                 raw: bytes = b"") -> None:
         damage = Damage(self.path, kind, detail, file_offset, self._section_index, position, raw)
         self.damage.append(damage)
@@ -194,11 +195,11 @@ class SegmentReader:
                 if next_marker == 0 and crc == 0:
                     self.finished = True  # zeroed space after the last section: a clean end
                 else:
-                    self._report(DamageKind.BAD_SYNC_MARKER_CRC, f"marker (next={next_marker}, crc={crc:#010x})",
+                    self.report(DamageKind.BAD_SYNC_MARKER_CRC, f"marker (next={next_marker}, crc={crc:#010x})",
                                  offset, logical)
                 return
             if next_marker < offset or next_marker > self._size:
-                self._report(DamageKind.SYNC_MARKER_PAST_END,
+                self.report(DamageKind.SYNC_MARKER_PAST_END,
                              f"next marker at {next_marker}, file is {self._size} bytes", offset, logical)
                 return
             section = self._section(offset, logical, next_marker)
@@ -214,7 +215,7 @@ class SegmentReader:
         if self._compressor is None and self._key is None:
             return Section(offset, body_start, next_marker, memoryview(self._map)[body_start:next_marker])
         if next_marker - body_start < 4:
-            self._report(DamageKind.UNREADABLE_SECTION, "section too short for its length field", offset, logical)
+            self.report(DamageKind.UNREADABLE_SECTION, "section too short for its length field", offset, logical)
             return None
         (plain_length,) = _INT.unpack_from(self._map, body_start)
         logical_start = logical + SYNC_MARKER_SIZE
@@ -230,7 +231,7 @@ class SegmentReader:
             if len(plain) != plain_length:
                 raise ValueError(f"got {len(plain)} bytes, the section header says {plain_length}")
         except Exception as error:  # every codec has its own exception types
-            self._report(DamageKind.UNREADABLE_SECTION, f"{type(error).__name__}: {error}", offset, logical)
+            self.report(DamageKind.UNREADABLE_SECTION, f"{type(error).__name__}: {error}", offset, logical)
             plain = b""
         return Section(offset, logical_start, logical_end, plain)
 
@@ -255,7 +256,7 @@ class SegmentReader:
             pos = 0
             while pos < end:
                 if end - pos < 4:
-                    self._report(DamageKind.TRUNCATED_ENTRY_HEADER, f"{end - pos} bytes left in the section",
+                    self.report(DamageKind.TRUNCATED_ENTRY_HEADER, f"{end - pos} bytes left in the section",
                                  section.file_offset, base + pos)
                     self.finished = True
                     return
@@ -268,24 +269,24 @@ class SegmentReader:
                     self.position = max(self.position, base + pos)
                     return
                 if size < MIN_MUTATION_SIZE:
-                    self._report(DamageKind.INVALID_MUTATION_SIZE, f"size {size}", section.file_offset, base + pos)
+                    self.report(DamageKind.INVALID_MUTATION_SIZE, f"size {size}", section.file_offset, base + pos)
                     break
                 size_field = _INT.pack(size)
                 if size_crc is None or size_crc != zlib.crc32(size_field):
-                    self._report(DamageKind.SIZE_CRC_MISMATCH, f"size {size}", section.file_offset, base + pos)
+                    self.report(DamageKind.SIZE_CRC_MISMATCH, f"size {size}", section.file_offset, base + pos)
                     break
                 entry_end = pos + ENTRY_OVERHEAD_SIZE + size
                 if entry_end > end:
-                    self._report(DamageKind.UNEXPECTED_END_OF_SECTION,
+                    self.report(DamageKind.UNEXPECTED_END_OF_SECTION,
                                  f"entry of {size} bytes needs {entry_end - end} more", section.file_offset, base + pos)
                     break
                 body = bytes(data[pos + 8:pos + 8 + size])
                 position = base + entry_end
                 (crc,) = _UINT.unpack_from(data, entry_end - 4)
                 if crc != zlib.crc32(body, zlib.crc32(size_field)):
-                    self._report(DamageKind.ENTRY_CRC_MISMATCH, f"entry of {size} bytes",
+                    self.report(DamageKind.ENTRY_CRC_MISMATCH, f"entry of {size} bytes",
                                  section.file_offset, base + pos, raw=body)
                 elif position > start_after:
-                    yield Entry(segment_id, base + pos, position, body)
+                    yield Entry(segment_id, base + pos, position, body, section.file_offset)
                 pos = entry_end
             self.position = max(self.position, section.logical_end)

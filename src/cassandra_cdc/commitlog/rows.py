@@ -76,6 +76,14 @@ class BoundKind(enum.IntEnum):
     def closes(self) -> bool:
         return self.is_boundary or self in (BoundKind.INCL_END_BOUND, BoundKind.EXCL_END_BOUND)
 
+    @property
+    def opens_inclusive(self) -> bool:
+        return self in (BoundKind.INCL_START_BOUND, BoundKind.EXCL_END_INCL_START_BOUNDARY)
+
+    @property
+    def closes_inclusive(self) -> bool:
+        return self in (BoundKind.INCL_END_BOUND, BoundKind.INCL_END_EXCL_START_BOUNDARY)
+
 
 @dataclass(slots=True)
 class RangeTombstoneMarker:

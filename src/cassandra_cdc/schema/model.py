@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import itertools
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
 from .types import BLOB, EMPTY, CqlType, quote, simple_type
+
+
+class SchemaError(ValueError):
+    """A schema that cannot be read; the message names where (file and line, or table) and what is wrong."""
+
+    def __init__(self, message: str, source: str | None = None, line: int | None = None) -> None:
+        where = (source or "") + (f", line {line}" if line is not None else "")
+        super().__init__(f"{where}: {message}" if where else message)
+        self.reason = message
+        self.source = source
+        self.line = line
 
 
 class ColumnKind(enum.IntEnum):
@@ -68,6 +80,10 @@ class TableMetadata:
     options: dict[str, str] = field(default_factory=dict)  # other WITH options, as CQL text
 
     def __post_init__(self) -> None:
+        # Cassandra keeps regular and static columns in this order (that of a partition update's column
+        # header); normalising it makes two definitions of a table equal whatever their declaration order.
+        self.regular_and_static = self.sorted_columns(self.regular_and_static)
+        self.dropped = self.sorted_columns(self.dropped)
         self._by_name = {c.name_bytes: c for c in self.regular_and_static}
         self._dropped_by_name = {c.name_bytes: c for c in self.dropped}
 
@@ -121,81 +137,117 @@ class TableMetadata:
             return values[0]
         return b"".join(len(v).to_bytes(2, "big") + v + b"\0" for v in values)
 
+    # --- COMPACT STORAGE ----------------------------------------------------------------------------
+
+    @property
+    def is_static_compact(self) -> bool:
+        """COMPACT STORAGE without clustering columns in CQL (a Thrift "static" column family).
+
+        Cassandra 3.x stores the declared columns as static columns, next to a hidden clustering column and
+        a hidden value column. Compact tables cannot declare static columns, so having some is the tell.
+        """
+        return self.compact_storage and any(c.is_static for c in self.regular_and_static)
+
+    @property
+    def hidden_columns(self) -> tuple[ColumnMetadata, ...]:
+        """Columns Cassandra adds to a COMPACT STORAGE table: present in storage and mutations, not in CQL."""
+        if self.is_static_compact:
+            return self.clustering + tuple(c for c in self.regular_and_static if not c.is_static)
+        if self.compact_storage:
+            return tuple(c for c in self.regular_and_static if c.type.kind == "empty")
+        return ()
+
     # --- CQL --------------------------------------------------------------------------------------
 
     def to_cql(self) -> str:
-        """``CREATE TABLE`` as cqlsh ``DESCRIBE`` prints it (parseable by :mod:`.cql`)."""
-        lines = []
-        hidden = self._hidden_compact_columns()
-        for column in self.columns:
-            if column.name in hidden:
-                continue
-            static = " static" if column.is_static and not self._static_compact else ""
-            lines.append(f"    {quote(column.name)} {column.type.cql}{static}")
-        pk = ", ".join(quote(c.name) for c in self.partition_key)
+        """The table as ``DESCRIBE TABLE ... WITH INTERNALS`` prints it (Cassandra 4.x), for :mod:`.cql`.
+
+        A dropped column is declared in ``CREATE TABLE`` and then dropped ``USING TIMESTAMP`` (and added
+        again when a column of that name exists now): plain CQL that records its type, kind and drop time.
+        Hidden COMPACT STORAGE columns are left out, as ``CREATE TABLE`` recreates them; so a Thrift-era
+        table whose hidden columns differ from those (names, comparator type) does not round-trip.
+        """
+        name = f"{quote(self.keyspace)}.{quote(self.name)}"
+        hidden = self.hidden_columns
+        dropped_names = {c.name for c in self.dropped}
+        clustering = [c for c in self.clustering if c not in hidden]
+        current = [c for c in self.regular_and_static if c not in hidden and c.name not in dropped_names]
+        body = [*self.partition_key, *clustering, *current, *self.dropped]
+        lines = [f"    {self._column_cql(c)}" for c in body]
+        lines.append(f"    PRIMARY KEY ({self._primary_key_cql(clustering)})")
+        text = (f"CREATE TABLE {name} (\n" + ",\n".join(lines) + "\n) WITH "
+                + "\n    AND ".join(self._options_cql(clustering)) + ";")
+        for column in self.dropped:
+            text += f"\nALTER TABLE {name} DROP {quote(column.name)} USING TIMESTAMP {column.dropped_time};"
+            readded = self._by_name.get(column.name_bytes)
+            if readded is not None:
+                text += f"\nALTER TABLE {name} ADD {self._column_cql(readded)};"
+        return text
+
+    def _column_cql(self, column: ColumnMetadata) -> str:
+        # The declared columns of a static compact table are static in storage only.
+        static = " static" if column.is_static and not self.is_static_compact else ""
+        return f"{quote(column.name)} {column.type.cql}{static}"
+
+    def _primary_key_cql(self, clustering: list[ColumnMetadata]) -> str:
+        partition_key = ", ".join(quote(c.name) for c in self.partition_key)
         if len(self.partition_key) > 1:
-            pk = f"({pk})"
-        clustering = [c for c in self.clustering if c.name not in hidden]
-        key = ", ".join([pk] + [quote(c.name) for c in clustering])
-        lines.append(f"    PRIMARY KEY ({key})")
-        options = []
+            partition_key = f"({partition_key})"
+        return ", ".join([partition_key] + [quote(c.name) for c in clustering])
+
+    def _options_cql(self, clustering: list[ColumnMetadata]) -> list[str]:
+        options = [f"ID = {self.id}"]
         if self.compact_storage:
             options.append("COMPACT STORAGE")
-        options.append(f"ID = {self.id}")
         if clustering:
             order = ", ".join(f"{quote(c.name)} {'DESC' if c.reversed else 'ASC'}" for c in clustering)
             options.append(f"CLUSTERING ORDER BY ({order})")
         if self.cdc:
             options.append("cdc = true")
-        options += [f"{k} = {v}" for k, v in sorted(self.options.items())]
-        text = f"CREATE TABLE {quote(self.keyspace)}.{quote(self.name)} (\n" + ",\n".join(lines) + "\n)"
-        text += " WITH " + "\n    AND ".join(options) + ";"
-        for column in self.dropped:
-            kind = " static" if column.is_static else ""
-            text += (f"\nALTER TABLE {quote(self.keyspace)}.{quote(self.name)} DROP {quote(column.name)}{kind}"
-                     f" USING TIMESTAMP {column.dropped_time};  -- type {column.type.cql}")
-        return text
+        return options + [f"{k} = {v}" for k, v in sorted(self.options.items())]
 
     def version_hash(self) -> str:
         """A stable hash of the definition: changes whenever the table's schema does."""
         return hashlib.sha256(self.to_cql().encode()).hexdigest()[:16]
 
-    @property
-    def _static_compact(self) -> bool:
-        return self.compact_storage and not self.clustering_declared
 
-    @property
-    def clustering_declared(self) -> bool:
-        return any(c.name not in self._hidden_compact_columns() for c in self.clustering)
-
-    def _hidden_compact_columns(self) -> set[str]:
-        if not self.compact_storage:
-            return set()
-        hidden = {c.name for c in self.regular_and_static if c.type is EMPTY or c.type.kind == "empty"}
-        if all(c.is_static for c in self.regular_and_static if c.name not in hidden) and \
-                [c.name for c in self.clustering] == [STATIC_COMPACT_CLUSTERING]:
-            hidden |= {STATIC_COMPACT_CLUSTERING, STATIC_COMPACT_VALUE}
-        return hidden
-
-
-# Cassandra 3.x "static" compact tables (COMPACT STORAGE without clustering columns) store the declared
-# columns as static columns plus a hidden clustering column and a hidden value column.
-STATIC_COMPACT_CLUSTERING = "column1"
-STATIC_COMPACT_VALUE = "value"
-# Compact tables with clustering columns but no regular column carry a hidden EmptyType value column.
-DENSE_COMPACT_VALUE = "value"
-
-
-def compact_table_columns(clustering: tuple[ColumnMetadata, ...], regular: list[ColumnMetadata]) \
+def compact_table_columns(clustering: tuple[ColumnMetadata, ...], regular: list[ColumnMetadata], *,
+                          reserved_names: Iterable[str] = ()) \
         -> tuple[tuple[ColumnMetadata, ...], list[ColumnMetadata]]:
-    """Clustering and regular/static columns of a COMPACT STORAGE table, as Cassandra 3.x stores them."""
+    """Clustering and regular/static columns of a COMPACT STORAGE table, as Cassandra 3.x stores them.
+
+    As ``CreateTableStatement.metadataBuilder``: without clustering columns, the declared columns become
+    static and a hidden ``column1 text`` clustering column and ``value blob`` (``counter`` in a counter
+    table) regular column are added; with clustering columns but no regular column, a hidden ``value``
+    column of type ``empty``. Hidden names skip those already used (``column2``, ``value1``, ...);
+    ``reserved_names`` are the other used names (the partition key's).
+    """
+    used = {c.name for c in (*clustering, *regular)} | set(reserved_names)
     if not clustering:
-        statics = [ColumnMetadata(c.name, c.type, ColumnKind.STATIC) for c in regular]
-        hidden_clustering = (ColumnMetadata(STATIC_COMPACT_CLUSTERING, simple_type("text"), ColumnKind.CLUSTERING, 0),)
-        return hidden_clustering, statics + [ColumnMetadata(STATIC_COMPACT_VALUE, BLOB, ColumnKind.REGULAR)]
+        statics = [replace(c, kind=ColumnKind.STATIC, position=-1) for c in regular]
+        value_type = simple_type("counter") if any(c.type.is_counter for c in regular) else BLOB
+        hidden_clustering = ColumnMetadata(_fresh_name(_clustering_names(), used), simple_type("text"),
+                                           ColumnKind.CLUSTERING, 0)
+        value = ColumnMetadata(_fresh_name(_value_names(), used), value_type, ColumnKind.REGULAR)
+        return (hidden_clustering,), statics + [value]
     if not regular:
-        return clustering, [ColumnMetadata(DENSE_COMPACT_VALUE, EMPTY, ColumnKind.REGULAR)]
-    return clustering, regular
+        return clustering, [ColumnMetadata(_fresh_name(_value_names(), used), EMPTY, ColumnKind.REGULAR)]
+    return clustering, list(regular)
+
+
+# CompactTables.DefaultNames: the candidate names of hidden compact columns, in order.
+def _clustering_names() -> Iterator[str]:
+    return (f"column{i}" for i in itertools.count(1))
+
+
+def _value_names() -> Iterator[str]:
+    return itertools.chain(["value"], (f"value{i}" for i in itertools.count(1)))
+
+
+def _fresh_name(candidates: Iterator[str], used: set[str]) -> str:
+    name = next(c for c in candidates if c not in used)
+    used.add(name)
+    return name
 
 
 @dataclass

@@ -154,11 +154,16 @@ class CqlType:
     def _implicitly_frozen(self) -> bool:
         return self.kind == "tuple"
 
+    def _identity(self) -> tuple:
+        # Structural, so that two UDTs of the same name but different fields differ.
+        return (self.kind, self.parameters, self.frozen, self.udt_keyspace, self.udt_name, self.field_names,
+                self.dimension)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, CqlType) and self.cql == other.cql and self.udt_keyspace == other.udt_keyspace
+        return isinstance(other, CqlType) and self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return hash(self.cql)
+        return hash(self._identity())
 
     def __str__(self) -> str:
         return self.cql
@@ -166,14 +171,21 @@ class CqlType:
 
 def quote(name: str) -> str:
     """A CQL identifier, double-quoted when it is not a plain lower-case name or is reserved."""
-    if re.fullmatch(r"[a-z_][a-z0-9_]*", name) and name not in _RESERVED:
+    if re.fullmatch(r"[a-z][a-z0-9_]*", name) and name not in _RESERVED:
         return name
     return '"' + name.replace('"', '""') + '"'
 
 
-_RESERVED = {"key", "select", "from", "where", "table", "keyspace", "primary", "order", "by", "limit",
-             "token", "and", "or", "in", "to", "with", "set", "into", "values", "update", "delete", "insert",
-             "static", "frozen", "list", "map", "tuple", "type", "using", "ttl", "timestamp"}
+# Cassandra's reserved keywords (cql3/ReservedKeywords), plus unreserved ones quoted for readability.
+_RESERVED = {
+    "add", "allow", "alter", "and", "apply", "asc", "authorize", "batch", "begin", "by", "columnfamily",
+    "create", "default", "delete", "desc", "describe", "drop", "entries", "execute", "from", "full", "grant",
+    "if", "in", "index", "infinity", "insert", "into", "is", "keyspace", "limit", "materialized", "mbean",
+    "mbeans", "modify", "nan", "norecursive", "not", "null", "of", "on", "or", "order", "primary", "rename",
+    "replace", "revoke", "schema", "select", "set", "table", "to", "token", "truncate", "unlogged", "unset",
+    "update", "use", "using", "view", "where", "with",
+    "key", "static", "frozen", "list", "map", "tuple", "type", "ttl", "timestamp",
+}
 
 
 def simple_type(kind: str) -> CqlType:
@@ -224,13 +236,18 @@ SMALLINT = simple_type("smallint")
 EMPTY = simple_type("empty")
 BLOB = simple_type("blob")
 
-_TOKEN = re.compile(r'\s*("(?:[^"]|"")*"|[A-Za-z0-9_.]+|<|>|,)')
+_TOKEN = re.compile(r"""\s*("(?:[^"]|"")*"|'(?:[^']|'')*'|[A-Za-z0-9_]+|[<>,.])""")
+
+# Custom types appear as quoted class names; EmptyType is the only one a CQL schema contains (the hidden
+# value column of compact tables, written so by some 3.x versions).
+_CUSTOM_TYPES = {"org.apache.cassandra.db.marshal.EmptyType": "empty", "EmptyType": "empty"}
 
 
 def parse_type(text: str, keyspace: str = "", user_types: Mapping[str, CqlType] | None = None) -> CqlType:
     """Parse a CQL type as ``DESCRIBE`` or ``system_schema.columns.type`` writes it.
 
-    ``user_types`` maps the UDT names of ``keyspace`` to their (non-frozen) types.
+    ``user_types`` maps the UDT names of ``keyspace`` to their (non-frozen) types; a UDT may be named
+    bare or qualified with ``keyspace`` (UDTs never cross keyspaces).
     """
     tokens = _tokenize(text)
     parsed, rest = _parse(tokens, keyspace, user_types or {}, text)
@@ -256,51 +273,87 @@ def _parse(tokens: list[str], keyspace: str, udts: Mapping[str, CqlType], text: 
     if not tokens:
         raise CqlTypeError(f"incomplete type {text!r}")
     head, rest = tokens[0], tokens[1:]
-    name = head[1:-1].replace('""', '"') if head.startswith('"') else head.lower()
+    if head.startswith("'"):
+        return _custom_type(head, text), rest
+    qualifier = None
+    if rest[:1] == ["."] and len(rest) > 1:
+        qualifier, head, rest = _identifier(head), rest[1], rest[2:]
+    name = _identifier(head)
     args: list[str | CqlType] = []
     if rest and rest[0] == "<":
-        rest = rest[1:]
-        while True:
-            if rest and rest[0].isdigit():
-                args.append(rest[0])
-                rest = rest[1:]
-            else:
-                arg, rest = _parse(rest, keyspace, udts, text)
-                args.append(arg)
-            if not rest:
-                raise CqlTypeError(f"unclosed '<' in type {text!r}")
-            if rest[0] == ">":
-                rest = rest[1:]
-                break
-            if rest[0] != ",":
-                raise CqlTypeError(f"expected ',' or '>' in type {text!r}, got {rest[0]!r}")
-            rest = rest[1:]
-    types = [a for a in args if isinstance(a, CqlType)]
-    # Types nested in a collection, tuple or UDT are always frozen in storage.
-    nested = [freeze(t) for t in types]
-    if name == "frozen":
-        if len(types) != 1:
-            raise CqlTypeError(f"frozen<> takes one type in {text!r}")
-        return freeze(types[0]), rest
-    if name in ("list", "set") and len(nested) == 1:
-        return (list_type if name == "list" else set_type)(nested[0]), rest
-    if name == "map" and len(nested) == 2:
-        return map_type(nested[0], nested[1]), rest
-    if name == "tuple" and nested:
-        return tuple_type(tuple(nested)), rest
-    if name == "vector" and len(args) == 2 and isinstance(args[1], str):
-        return vector_type(nested[0], int(args[1])), rest
+        args, rest = _parse_arguments(rest[1:], keyspace, udts, text)
+    if qualifier is None:
+        built = _builtin_type(name, args, text)
+        if built is not None:
+            return built, rest
     if args:
         raise CqlTypeError(f"wrong parameters for {name} in type {text!r}")
-    if name in _SIMPLE_TYPES:
-        return simple_type(name), rest
-    udt_name = name if head.startswith('"') else head
-    for candidate in (udt_name, udt_name.lower()):
+    if qualifier is not None and qualifier != keyspace:
+        raise CqlTypeError(f"type {qualifier}.{name} in {text!r} is not a type of keyspace {keyspace!r}")
+    return _user_type(head, name, udts, keyspace, text), rest
+
+
+def _identifier(token: str) -> str:
+    # Unquoted identifiers are case-insensitive (lower-cased); quoted ones are exact.
+    return token[1:-1].replace('""', '"') if token.startswith('"') else token.lower()
+
+
+def _parse_arguments(tokens: list[str], keyspace: str, udts: Mapping[str, CqlType], text: str) \
+        -> tuple[list[str | CqlType], list[str]]:
+    """The comma-separated parameters after a '<', up to and including the matching '>'."""
+    args: list[str | CqlType] = []
+    rest = tokens
+    while True:
+        if rest and rest[0].isdigit():
+            args.append(rest[0])
+            rest = rest[1:]
+        else:
+            arg, rest = _parse(rest, keyspace, udts, text)
+            args.append(arg)
+        if not rest:
+            raise CqlTypeError(f"unclosed '<' in type {text!r}")
+        if rest[0] == ">":
+            return args, rest[1:]
+        if rest[0] != ",":
+            raise CqlTypeError(f"expected ',' or '>' in type {text!r}, got {rest[0]!r}")
+        rest = rest[1:]
+
+
+def _builtin_type(name: str, args: list[str | CqlType], text: str) -> CqlType | None:
+    types = [a for a in args if isinstance(a, CqlType)]
+    # Types nested in a collection, tuple or vector are always frozen in storage.
+    nested = [freeze(t) for t in types]
+    if name == "frozen":
+        if len(args) != 1 or len(types) != 1:
+            raise CqlTypeError(f"frozen<> takes one type in {text!r}")
+        return freeze(types[0])
+    if name in ("list", "set") and len(args) == 1 == len(nested):
+        return (list_type if name == "list" else set_type)(nested[0])
+    if name == "map" and len(args) == 2 == len(nested):
+        return map_type(nested[0], nested[1])
+    if name == "tuple" and nested and len(args) == len(nested):
+        return tuple_type(tuple(nested))
+    if name == "vector" and len(args) == 2 and nested and isinstance(args[1], str) and int(args[1]) > 0:
+        return vector_type(nested[0], int(args[1]))
+    if name in _SIMPLE_TYPES and not args:
+        return simple_type(name)
+    return None
+
+
+def _user_type(token: str, name: str, udts: Mapping[str, CqlType], keyspace: str, text: str) -> CqlType:
+    # Some Cassandra versions write mixed-case UDT names unquoted in system_schema: try them verbatim too.
+    for candidate in (name, token):
         if candidate in udts:
-            return udts[candidate], rest
-    if "." in head:
-        raise CqlTypeError(f"custom type {head!r} in {text!r} is not supported")
-    raise CqlTypeError(f"unknown type {head!r} in {text!r} (not a CQL type nor a UDT of keyspace {keyspace!r})")
+            return udts[candidate]
+    raise CqlTypeError(f"unknown type {token!r} in {text!r} "
+                       f"(not a CQL type nor a UDT of keyspace {keyspace!r})")
+
+
+def _custom_type(token: str, text: str) -> CqlType:
+    class_name = token[1:-1].replace("''", "'")
+    if class_name in _CUSTOM_TYPES:
+        return simple_type(_CUSTOM_TYPES[class_name])
+    raise CqlTypeError(f"custom type {class_name!r} in {text!r} is not supported")
 
 
 # --- JSON rendering -------------------------------------------------------------------------------

@@ -1,0 +1,189 @@
+"""Table metadata from the ``system_schema`` tables of a live cluster (Cassandra 3.0 to 5.0).
+
+Example::
+
+    from cassandra.cluster import Cluster
+    schema = fetch_schema(Cluster(["127.0.0.1"]).connect())
+
+Rows are dicts keyed by column name, as cassandra-driver returns them. ``system_schema`` stores every
+column Cassandra keeps in storage, including the hidden ones of COMPACT STORAGE tables (``tables.flags``
+without ``compound``, or with ``dense``): those come through as they are, so the result is the storage
+layout a commit log reader needs, and ``TableMetadata.hidden_columns`` tells which ones CQL does not show.
+Super column families (flag ``super``, Thrift only) are refused with a :class:`SchemaError`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+from .cql import cql_literal
+from .model import ColumnKind, ColumnMetadata, KeyspaceMetadata, Schema, SchemaError, TableMetadata
+from .types import CqlType, CqlTypeError, parse_type, user_type
+
+Row = Mapping[str, Any]
+
+_KINDS = {
+    "partition_key": ColumnKind.PARTITION_KEY,
+    "clustering": ColumnKind.CLUSTERING,
+    "regular": ColumnKind.REGULAR,
+    "static": ColumnKind.STATIC,
+}
+
+# Columns of system_schema.tables/views that are not table options.
+_NOT_OPTIONS = {"keyspace_name", "table_name", "view_name", "id", "flags", "cdc", "base_table_id",
+                "base_table_name", "include_all_columns", "where_clause"}
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+
+_TABLES = ("keyspaces", "tables", "columns", "dropped_columns", "types", "views")
+
+
+def fetch_schema(session: Any) -> Schema:
+    """Query ``system_schema`` with a cassandra-driver ``Session`` and build the schema of every keyspace."""
+    rows = {name: [_as_dict(row) for row in session.execute(f"SELECT * FROM system_schema.{name}")]
+            for name in _TABLES}
+    return schema_from_system_schema_rows(**rows)
+
+
+def schema_from_system_schema_rows(keyspaces: Iterable[Row], tables: Iterable[Row], columns: Iterable[Row],
+                                   dropped_columns: Iterable[Row], types: Iterable[Row],
+                                   views: Iterable[Row] = ()) -> Schema:
+    """A schema from the rows of ``system_schema.{keyspaces,tables,columns,dropped_columns,types,views}``.
+
+    ``dropped_columns.dropped_time`` is a ``timestamp`` (a datetime from the driver, or an integer of
+    milliseconds): Cassandra keeps drop times with millisecond precision there.
+    """
+    schema = Schema()
+    for row in keyspaces:
+        schema.add_keyspace(KeyspaceMetadata(row["keyspace_name"], dict(row.get("replication") or {}),
+                                             bool(row.get("durable_writes", True))))
+    _add_user_types(schema, types)
+    columns_of = _by_table(columns)
+    dropped_of = _by_table(dropped_columns)
+    for row in tables:
+        key = (row["keyspace_name"], row["table_name"])
+        schema.add_table(_table(schema, row, "tables", columns_of[key], dropped_of[key]))
+    for row in views:
+        key = (row["keyspace_name"], row["view_name"])
+        schema.add_table(_table(schema, row, "views", columns_of[key], dropped_of[key]))
+    return schema
+
+
+def _as_dict(row: Any) -> dict[str, Any]:
+    if isinstance(row, Mapping):
+        return dict(row)
+    if hasattr(row, "_asdict"):
+        return row._asdict()
+    raise TypeError(f"system_schema rows must be dicts or named tuples (driver row_factory), got {type(row)}")
+
+
+def _by_table(rows: Iterable[Row]) -> dict[tuple[str, str], list[Row]]:
+    grouped: dict[tuple[str, str], list[Row]] = defaultdict(list)
+    for row in rows:
+        grouped[(row["keyspace_name"], row["table_name"])].append(row)
+    return grouped
+
+
+def _add_user_types(schema: Schema, rows: Iterable[Row]) -> None:
+    """Resolve UDTs in dependency order (a UDT's fields may use other UDTs; the rows come by name)."""
+    pending = list(rows)
+    while pending:
+        unresolved = []
+        for row in pending:
+            try:
+                udt = _user_type(schema, row)
+            except CqlTypeError:
+                unresolved.append(row)
+                continue
+            schema.keyspace(row["keyspace_name"]).user_types[row["type_name"]] = udt
+        if len(unresolved) == len(pending):
+            row = unresolved[0]
+            try:
+                _user_type(schema, row)
+            except CqlTypeError as e:
+                raise SchemaError(str(e), f"system_schema.types {row['keyspace_name']}.{row['type_name']}") \
+                    from None
+        pending = unresolved
+
+
+def _user_type(schema: Schema, row: Row) -> CqlType:
+    keyspace = row["keyspace_name"]
+    udts = schema.keyspace(keyspace).user_types
+    fields = {name: parse_type(text, keyspace, udts)
+              for name, text in zip(row["field_names"], row["field_types"], strict=True)}
+    return user_type(keyspace, row["type_name"], fields)
+
+
+def _table(schema: Schema, row: Row, kind: str, column_rows: list[Row], dropped_rows: list[Row]) \
+        -> TableMetadata:
+    keyspace, name = row["keyspace_name"], row["view_name" if kind == "views" else "table_name"]
+    source = f"system_schema.{kind} {keyspace}.{name}"
+    flags = {"compound"} if kind == "views" else set(row.get("flags") or ())
+    if "super" in flags:
+        raise SchemaError("super column families (created through Thrift) are not supported", source)
+    udts = schema.keyspace(keyspace).user_types
+    columns = [_column(r, keyspace, udts, source) for r in column_rows]
+    partition_key = _key_columns(columns, ColumnKind.PARTITION_KEY)
+    if not partition_key:
+        raise SchemaError("no partition key column in system_schema.columns", source)
+    options = {k: cql_literal(v) for k, v in row.items() if k not in _NOT_OPTIONS and v is not None}
+    return TableMetadata(
+        keyspace, name, uuid.UUID(str(row["id"])), partition_key,
+        clustering=_key_columns(columns, ColumnKind.CLUSTERING),
+        regular_and_static=tuple(c for c in columns if c.kind in (ColumnKind.REGULAR, ColumnKind.STATIC)),
+        dropped=tuple(_dropped_column(r, keyspace, udts, source) for r in dropped_rows),
+        cdc=bool(row.get("cdc")),
+        compact_storage="dense" in flags or "compound" not in flags,
+        options=options)
+
+
+def _key_columns(columns: list[ColumnMetadata], kind: ColumnKind) -> tuple[ColumnMetadata, ...]:
+    return tuple(sorted((c for c in columns if c.kind is kind), key=lambda c: c.position))
+
+
+def _column(row: Row, keyspace: str, udts: Mapping[str, CqlType], source: str) -> ColumnMetadata:
+    name = _column_name(row, source)
+    kind = _KINDS.get(row["kind"])
+    if kind is None:
+        raise SchemaError(f"column {name!r} has unknown kind {row['kind']!r}", source)
+    keyed = kind in (ColumnKind.PARTITION_KEY, ColumnKind.CLUSTERING)
+    return ColumnMetadata(name, _type(row, keyspace, udts, source), kind,
+                          position=row["position"] if keyed else -1,
+                          reversed=(row.get("clustering_order") or "").lower() == "desc")
+
+
+def _dropped_column(row: Row, keyspace: str, udts: Mapping[str, CqlType], source: str) -> ColumnMetadata:
+    name = _column_name(row, source)
+    # Rows of older versions have no kind: those drops are of regular columns.
+    kind = ColumnKind.STATIC if row.get("kind") == "static" else ColumnKind.REGULAR
+    return ColumnMetadata(name, _type(row, keyspace, udts, source), kind,
+                          dropped_time=_microseconds(row["dropped_time"]))
+
+
+def _column_name(row: Row, source: str) -> str:
+    # column_name_bytes is the exact name (column_name is its text rendering).
+    raw = row.get("column_name_bytes")
+    if raw is None:
+        return row["column_name"]
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise SchemaError(f"column name {bytes(raw).hex()} is not UTF-8 (not supported)", source) from None
+
+
+def _type(row: Row, keyspace: str, udts: Mapping[str, CqlType], source: str) -> CqlType:
+    try:
+        return parse_type(row["type"], keyspace, udts)
+    except CqlTypeError as e:
+        raise SchemaError(f"column {row['column_name']!r}: {e}", source) from None
+
+
+def _microseconds(dropped_time: datetime.datetime | int) -> int:
+    if isinstance(dropped_time, int):
+        return dropped_time * 1000
+    if dropped_time.tzinfo is None:  # the driver returns naive datetimes in UTC
+        dropped_time = dropped_time.replace(tzinfo=datetime.timezone.utc)
+    return (dropped_time - _EPOCH) // datetime.timedelta(microseconds=1)

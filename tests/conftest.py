@@ -1,0 +1,61 @@
+"""Shared fixtures: where the real Cassandra files are, and their schemas."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cassandra_cdc.commitlog import KeyStore
+from cassandra_cdc.schema import Schema, load_schema_files
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("CASSANDRA_CDC_SHARED", REPO.parent / "shared"))
+COMMITLOGS = SHARED / "cassandra-commitlogs"
+SSTABLES = SHARED / "cassandra-sstables"
+DATA = Path(__file__).resolve().parent / "data"
+
+# Real segment directories with 3.0+ mutations: (directory, Cassandra version of its system tables,
+# keystore needed).
+REAL_DIRECTORIES = {
+    "3.0.13-encrypted": ("3.0.13", None),
+    "3.0.29-encrypted": ("3.0.29", None),
+    "3.4-encrypted": ("3.4", "cassandra.keystore"),
+    "3.4-encrypted-2016": ("3.4", "cassandra-2015.keystore"),
+    "4.0.11-encrypted": ("4.0.11", None),
+}
+
+
+def real_segments(directory: str) -> list[Path]:
+    return sorted((COMMITLOGS / directory).glob("*.log"))
+
+
+def upgrade_table_schema(directory: str) -> Schema:
+    """The CommitLogUpgradeTestMaker table of a real directory (its own id)."""
+    name = directory.removesuffix("-encrypted").replace("-encrypted-", "-")
+    return load_schema_files([DATA / "legacy_commitlog_tables" / f"{name}.cql"])
+
+
+def full_schema(directory: str) -> Schema:
+    """System tables of the Cassandra version that wrote the directory, plus its test table."""
+    version, _ = REAL_DIRECTORIES[directory]
+    schema = load_schema_files([DATA / "system_schemas" / f"cassandra-{version}.cql"])
+    schema.merge(upgrade_table_schema(directory))
+    return schema
+
+
+def keystore_for(directory: str) -> KeyStore | None:
+    _, keystore = REAL_DIRECTORIES[directory]
+    return KeyStore.load(COMMITLOGS / "keystores" / keystore, "cassandra") if keystore else None
+
+
+def read_hash_txt(directory: str) -> dict[str, str]:
+    lines = (COMMITLOGS / directory / "hash.txt").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _shared_files_present() -> None:
+    if not COMMITLOGS.is_dir():
+        pytest.exit(f"the real Cassandra files are missing: {COMMITLOGS} (set CASSANDRA_CDC_SHARED)", returncode=3)
