@@ -4,6 +4,7 @@ from importlib.metadata import version
 
 import typer
 
+from . import agent
 from .dump import dump
 
 app = typer.Typer(
@@ -12,6 +13,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command()(dump)
+app.add_typer(agent.app, name="agent")
 
 
 def _print_version(requested: bool) -> None:

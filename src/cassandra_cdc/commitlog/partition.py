@@ -142,3 +142,16 @@ class ColumnsSerializer:
         out.uvint(len(columns))
         for column in columns:
             out.bytes_vint(column.name_bytes)
+
+
+def peek_min_timestamp(update: bytes | memoryview) -> int | None:
+    """The smallest timestamp of a serialized partition update, read from its encoding stats.
+
+    Only the table id, key and flags are skipped, so this costs nothing like a decode. None for an
+    empty update.
+    """
+    inp = DataInput(update, 16)
+    inp.raw(inp.uvint())
+    if inp.byte() & IS_EMPTY:
+        return None
+    return EncodingStats.deserialize(inp).min_timestamp

@@ -280,13 +280,16 @@ class SegmentReader:
                     self.report(DamageKind.UNEXPECTED_END_OF_SECTION,
                                  f"entry of {size} bytes needs {entry_end - end} more", section.file_offset, base + pos)
                     break
-                body = bytes(data[pos + 8:pos + 8 + size])
                 position = base + entry_end
+                if position <= start_after:
+                    pos = entry_end  # delivered before (a resumed read): its CRC was checked then
+                    continue
+                body = bytes(data[pos + 8:pos + 8 + size])
                 (crc,) = _UINT.unpack_from(data, entry_end - 4)
                 if crc != zlib.crc32(body, zlib.crc32(size_field)):
                     self.report(DamageKind.ENTRY_CRC_MISMATCH, f"entry of {size} bytes",
                                  section.file_offset, base + pos, raw=body)
-                elif position > start_after:
+                else:
                     yield Entry(segment_id, base + pos, position, body, section.file_offset)
                 pos = entry_end
             self.position = max(self.position, section.logical_end)

@@ -1,0 +1,105 @@
+"""What is in a node's ``cdc_raw`` directory: segments, their ``_cdc.idx`` files, and change notifications.
+
+Cassandra 3.x moves whole segments in; 4.0+ hard-links live segments and rewrites ``<segment>_cdc.idx``
+(``<offset>`` then ``\\nCOMPLETED``) at every sync, truncating and writing in place — so an idx file
+can be read empty or half-written, and such a read is retried, never interpreted.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from ..commitlog.descriptor import cdc_index_file_name, parse_segment_name
+
+_INDEX = re.compile(r"([0-9]+)(\nCOMPLETED)?")
+
+
+@dataclass(frozen=True)
+class CdcSegment:
+    segment_id: int
+    version: int
+    path: Path
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_name(cdc_index_file_name(self.version, self.segment_id))
+
+
+@dataclass(frozen=True)
+class CdcIndex:
+    offset: int
+    completed: bool
+
+
+def list_segments(cdc_raw: Path) -> list[CdcSegment]:
+    """The segments in ``cdc_raw``, oldest first."""
+    segments = []
+    for path in cdc_raw.iterdir():
+        named = parse_segment_name(path.name)
+        if named is not None:
+            segments.append(CdcSegment(named[1], named[0], path))
+    return sorted(segments, key=lambda s: s.segment_id)
+
+
+def read_cdc_index(path: Path) -> CdcIndex | None:
+    """The idx file's content, or None when it is absent or caught mid-rewrite (read it again later)."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except (FileNotFoundError, UnicodeDecodeError):
+        return None
+    match = _INDEX.fullmatch(text)
+    if match is None:
+        return None
+    return CdcIndex(int(match.group(1)), match.group(2) is not None)
+
+
+def cdc_raw_bytes(cdc_raw: Path) -> int:
+    """Space the directory takes, as Cassandra counts it against cdc_total_space (segments only)."""
+    total = 0
+    for path in cdc_raw.iterdir():
+        if parse_segment_name(path.name):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+class ChangeNotifier:
+    """Wakes the agent when anything in ``cdc_raw`` changes (inotify), with a polling fallback."""
+
+    def __init__(self, directory: Path) -> None:
+        self._changed = threading.Event()
+        self._observer = Observer()
+        handler = _SetEvent(self._changed)
+        self._observer.schedule(handler, str(directory), recursive=False)
+
+    def start(self) -> None:
+        self._observer.start()
+
+    def stop(self) -> None:
+        self._observer.stop()
+        self._observer.join(timeout=5)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for a change (or the timeout); return whether one was seen."""
+        changed = self._changed.wait(timeout)
+        self._changed.clear()
+        return changed
+
+    def wake(self) -> None:
+        self._changed.set()
+
+
+class _SetEvent(FileSystemEventHandler):
+    def __init__(self, event: threading.Event) -> None:
+        self._event = event
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self._event.set()

@@ -1,0 +1,115 @@
+"""Publishing to Kafka without ever dropping a record.
+
+An idempotent producer (``acks=all``) that never times a message out: while Kafka is unreachable,
+librdkafka keeps retrying in order and its bounded queue fills, so ``publish`` blocks and the agent
+stops reading (back-pressure). A delivery that fails for good stops the agent: it resumes from its
+last saved position, so nothing is lost (the unacknowledged tail is published again).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+log = logging.getLogger(__name__)
+
+Acknowledge = Callable[[KafkaError | None, Message], None]
+
+
+class DeliveryFailed(RuntimeError):
+    """Kafka refused a record for good (not a transient outage)."""
+
+
+class Publisher:
+    def __init__(self, bootstrap_servers: str, max_buffered_bytes: int, extra: dict[str, Any] | None = None,
+                 on_reachability: Callable[[bool], None] | None = None) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        settings: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "message.timeout.ms": 0,  # never give up on a record: order and completeness over latency
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "queue.buffering.max.kbytes": max(1, max_buffered_bytes // 1024),
+            "queue.buffering.max.messages": 2_000_000,
+            "error_cb": self._on_error,
+        }
+        settings.update(extra or {})
+        self._producer = Producer(settings)
+        self._admin_settings = {k: v for k, v in settings.items()
+                                if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))}
+        self._on_reachability = on_reachability
+        self.reachable = True
+        self.failure: DeliveryFailed | None = None
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self.failure = DeliveryFailed(f"fatal Kafka producer error: {error}")
+        elif error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE):
+            self._set_reachable(False)
+
+    def _set_reachable(self, reachable: bool) -> None:
+        if reachable != self.reachable:
+            self.reachable = reachable
+            if self._on_reachability is not None:
+                self._on_reachability(reachable)
+
+    def ensure_topics(self, topics: dict[str, tuple[int, bool]], timeout: float = 30.0) -> None:
+        """Create missing topics: name -> (partitions, compacted). Existing topics are left as they are."""
+        admin = AdminClient(self._admin_settings)
+        existing = admin.list_topics(timeout=timeout).topics
+        wanted = [NewTopic(name, num_partitions=partitions, replication_factor=-1,
+                           config={"cleanup.policy": "compact"} if compacted else {})
+                  for name, (partitions, compacted) in topics.items() if name not in existing]
+        for name, future in admin.create_topics(wanted, request_timeout=timeout).items() if wanted else ():
+            try:
+                future.result()
+                log.info("created topic %s", name)
+            except KafkaException as error:
+                if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise
+
+    def publish(self, topic: str, key: bytes, value: bytes, on_delivery: Acknowledge,
+                should_stop: Callable[[], bool] = lambda: False) -> bool:
+        """Queue one record; block while the queue is full. Return False if asked to stop meanwhile."""
+        while True:
+            try:
+                self._producer.produce(topic, value, key, on_delivery=on_delivery)
+                return True
+            except BufferError:
+                self._producer.poll(0.05)  # wait for acknowledgements to make room
+                self.raise_failure()
+                if should_stop():
+                    return False
+
+    def check(self, error: KafkaError | None) -> bool:
+        """For delivery callbacks: True if delivered; records a permanent failure otherwise."""
+        if error is None:
+            self._set_reachable(True)
+            return True
+        self.failure = DeliveryFailed(f"Kafka did not accept a record: {error}")
+        return False
+
+    def poll(self, timeout: float = 0.0) -> None:
+        self._producer.poll(timeout)
+        self.raise_failure()
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def flush(self, timeout: float) -> int:
+        """Wait for in-flight records; return how many are still unacknowledged."""
+        deadline = time.monotonic() + timeout
+        while len(self._producer) and time.monotonic() < deadline:
+            self._producer.poll(0.1)
+        return len(self._producer)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._producer)

@@ -1,0 +1,74 @@
+"""The agent's durable position: per segment, the logical position up to which Kafka has everything.
+
+Saved by write-temp + fsync + rename (+ fsync of the directory), so a crash at any moment leaves either
+the old or the new file, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STATE_FILE = "positions.json"
+STATE_VERSION = 1
+
+
+@dataclass
+class SegmentPosition:
+    file: str
+    position: int  # every entry ending at or before this is acknowledged by Kafka
+    completed: bool = False  # the whole segment has been read (and is acknowledged up to position)
+
+
+class PositionStore:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / STATE_FILE
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.segments: dict[int, SegmentPosition] = {}
+        self._saved: str | None = None
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.path.read_text())
+            if data.get("version") != STATE_VERSION:
+                raise ValueError(f"state version {data.get('version')} is not {STATE_VERSION}")
+            self.segments = {int(k): SegmentPosition(**v) for k, v in data["segments"].items()}
+        except (ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{self.path}: unreadable agent state ({error}); move it away to start over") from error
+        self._saved = self._serialize()
+
+    def get(self, segment_id: int) -> SegmentPosition | None:
+        return self.segments.get(segment_id)
+
+    def set(self, segment_id: int, file: str, position: int, completed: bool = False) -> None:
+        self.segments[segment_id] = SegmentPosition(file, position, completed)
+
+    def forget(self, segment_id: int) -> None:
+        self.segments.pop(segment_id, None)
+
+    def _serialize(self) -> str:
+        segments = {str(k): asdict(v) for k, v in sorted(self.segments.items())}
+        return json.dumps({"version": STATE_VERSION, "segments": segments}, indent=1)
+
+    def save(self) -> bool:
+        """Write the state durably if it changed; return whether it was written."""
+        text = self._serialize()
+        if text == self._saved:
+            return False
+        temp = self.path.with_suffix(".tmp")
+        with open(temp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, self.path)
+        directory = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        self._saved = text
+        return True

@@ -1,0 +1,83 @@
+"""``cassandra-cdc agent``: run the per-node agent, or show where it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..agent import Agent, ConfigError, configure_logging, load_config
+from ..agent.status import segment_statuses
+
+app = typer.Typer(no_args_is_help=False)
+
+ConfigOption = Annotated[Optional[Path], typer.Option("--config", "-c", help="Agent YAML configuration file.")]
+
+
+@app.callback(invoke_without_command=True)
+def agent(
+    ctx: typer.Context,
+    config: ConfigOption = None,
+    cdc_raw: Annotated[Optional[Path], typer.Option(help="The node's cdc_raw directory.")] = None,
+    schema: Annotated[Optional[Path], typer.Option(help="CQL schema file of the cluster.")] = None,
+    bootstrap_servers: Annotated[Optional[str], typer.Option(help="Kafka bootstrap servers.")] = None,
+    server: Annotated[Optional[str], typer.Option(help="Logical cluster name, prefix of the topics.")] = None,
+    node_id: Annotated[Optional[str], typer.Option(help="This node's id (default: host name).")] = None,
+    state_dir: Annotated[Optional[Path], typer.Option(help="Where positions are kept.")] = None,
+    after_completed: Annotated[Optional[str], typer.Option(
+        help="delete | keep | archive:DIR — what to do with fully published segments.")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(help="Prometheus port (0: off).")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Tail cdc_raw and publish every change of a CDC table to Kafka.
+
+    Configure with a YAML file (--config; see docs/configuration.md) or, for a quick start, with the
+    flags alone, which override the file. SIGTERM finishes in-flight deliveries, saves the position
+    and exits 0; after any crash the agent resumes from its last saved position.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    overrides = {"cdc_raw": cdc_raw, "schema.file": schema, "kafka.bootstrap_servers": bootstrap_servers,
+                 "server": server, "node_id": node_id, "state_dir": state_dir, "metrics.port": metrics_port}
+    if after_completed is not None:
+        mode, _, directory = after_completed.partition(":")
+        overrides["cleanup.mode"] = mode
+        overrides["cleanup.archive_dir"] = directory or None
+    configure_logging(log_level)
+    try:
+        settings = load_config(config, overrides)
+        runner = Agent(settings)
+    except (ConfigError, ValueError, OSError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(runner.run())
+
+
+@app.command()
+def status(config: ConfigOption = None,
+           cdc_raw: Annotated[Optional[Path], typer.Option(help="The node's cdc_raw directory.")] = None,
+           state_dir: Annotated[Optional[Path], typer.Option(help="The agent's state directory.")] = None) -> None:
+    """Show, per segment in cdc_raw, what Cassandra made durable and what the agent has published."""
+    if config is not None:
+        try:
+            settings = load_config(config, {"cdc_raw": cdc_raw, "state_dir": state_dir})
+        except ConfigError as error:
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(2)
+        cdc_raw, state_dir = settings.cdc_raw, settings.state_dir
+    if cdc_raw is None or state_dir is None:
+        typer.echo("error: give --config, or --cdc-raw and --state-dir", err=True)
+        raise typer.Exit(2)
+    rows = segment_statuses(cdc_raw, state_dir)
+    table = Table("segment", "durable offset", "Cassandra", "acknowledged", "lag bytes", "agent")
+    for row in rows:
+        table.add_row(row.segment, _text(row.durable_offset), "COMPLETED" if row.completed_by_cassandra else "writing",
+                      _text(row.acknowledged), _text(row.lag_bytes), "published" if row.published else "in progress")
+    Console().print(table)
+
+
+def _text(value: int | None) -> str:
+    return "-" if value is None else str(value)

@@ -1,0 +1,53 @@
+"""Table schema records on the compacted schema topic (default ``<server>``).
+
+Key: ``<keyspace>.<table>`` (UTF-8). Value (JSON)::
+
+    {"keyspace": "shop", "table": "orders", "table_id": "5a1c…", "version": "3f2a…",
+     "cql": "CREATE TABLE shop.orders (…) WITH ID = 5a1c… AND cdc = true;",
+     "node": "node1", "ts_ms": 1700000000000}
+
+``version`` changes whenever the definition does; the pipeline decodes a raw record with the schema
+whose ``table_id`` matches it, and the latest ``version`` of it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from ..schema import TableMetadata, parse_schema
+
+
+@dataclass(frozen=True)
+class SchemaRecord:
+    keyspace: str
+    table: str
+    table_id: str
+    version: str
+    cql: str
+    node: str
+    ts_ms: int
+
+    @staticmethod
+    def of(table: TableMetadata, node: str) -> "SchemaRecord":
+        return SchemaRecord(table.keyspace, table.name, str(table.id), table.version_hash(), table.to_cql(), node,
+                            int(time.time() * 1000))
+
+    @property
+    def key(self) -> bytes:
+        return f"{self.keyspace}.{self.table}".encode()
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+
+    @staticmethod
+    def decode(value: bytes) -> "SchemaRecord":
+        return SchemaRecord(**json.loads(value))
+
+    def table_metadata(self) -> TableMetadata:
+        schema = parse_schema(self.cql, source=f"schema record {self.keyspace}.{self.table}")
+        table = schema.table(self.keyspace, self.table)
+        if table is None:
+            raise ValueError(f"schema record {self.keyspace}.{self.table} does not define that table")
+        return table
