@@ -22,15 +22,16 @@ from hypothesis import strategies as st
 from cassandra_cdc.commitlog import (DamageKind, Entry, KeyStore, Mutation, MutationSerializer, SegmentFull,
                                      SegmentReader, SegmentWriter)
 from cassandra_cdc.schema.model import ColumnMetadata, Schema, TableMetadata
-from strategies import identifiers, mutations, related_tables, schema_of
+from strategies import FEW_COLUMNS, identifiers, mutations, related_tables, schema_of
 
 VERSIONS = (6, 7, 8)
 COMPRESSORS = ("LZ4Compressor", "SnappyCompressor", "DeflateCompressor", "ZstdCompressor", "NoopCompressor")
 ENCRYPTED = "encrypted"
+EVERY_LAYOUT = (None, *COMPRESSORS, ENCRYPTED)  # plain, compressed, encrypted
 # Room for the segment header (the longest: encryption params with an escaped key alias) and two markers.
 HEADER_ROOM = 512
 
-SETTINGS = settings(max_examples=60, deadline=None,
+SETTINGS = settings(max_examples=50, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -52,22 +53,35 @@ def assert_same(expected: Any, actual: Any, where: str = "mutation") -> None:
         for i, (item, read) in enumerate(zip(expected, actual)):
             assert_same(item, read, f"{where}[{i}]")
     else:
-        assert type(actual) is type(expected) and actual == expected, f"{where}: {expected!r} read back as {actual!r}"
+        assert type(actual) is type(expected) and actual == expected, \
+            f"{where}: {expected!r} read back as {actual!r}"
 
 
 # --- mutations ----------------------------------------------------------------------------------------
 
 
+def check_round_trip(mutation: Mutation, schema: Schema, version: int) -> None:
+    """deserialize(serialize(m)) == m, and serialize(deserialize(bytes)) == bytes."""
+    body = MutationSerializer.serialize(mutation, version)
+    decoded = MutationSerializer.deserialize(body, schema, version)
+    assert_same(mutation, decoded)
+    assert MutationSerializer.serialize(decoded, version) == body
+
+
 @pytest.mark.parametrize("version", VERSIONS)
-@SETTINGS
+@settings(SETTINGS, max_examples=60)
 @given(data=st.data())
 def test_mutation_round_trip(version: int, data: st.DataObject) -> None:
     tables = data.draw(related_tables())
-    mutation = data.draw(mutations(tables, version))
-    body = MutationSerializer.serialize(mutation, version)
-    decoded = MutationSerializer.deserialize(body, schema_of(tables), version)
-    assert_same(mutation, decoded)
-    assert MutationSerializer.serialize(decoded, version) == body
+    check_round_trip(data.draw(mutations(tables, version)), schema_of(tables), version)
+
+
+@settings(SETTINGS, max_examples=25)
+@given(version=st.sampled_from(VERSIONS), data=st.data())
+def test_wide_mutation_round_trip(version: int, data: st.DataObject) -> None:
+    """Headers of 64 columns or more encode a row's column subset as indexes, not as a bitmap."""
+    tables = data.draw(related_tables(max_tables=1, regular_counts=st.integers(64, 70)))
+    check_round_trip(data.draw(mutations(tables, version)), schema_of(tables), version)
 
 
 # --- segments -----------------------------------------------------------------------------------------
@@ -75,23 +89,24 @@ def test_mutation_round_trip(version: int, data: st.DataObject) -> None:
 
 @dataclass
 class Workload:
-    """Mutations to write, serialized, and whether to sync after each."""
+    """Mutations to write, serialized, and how many times to sync after each (a repeated sync has
+    nothing new to write)."""
 
     version: int
     schema: Schema
     mutations: list[Mutation]
     bodies: list[bytes]
-    sync_after: list[bool]
+    syncs_after: list[int]
 
 
 @st.composite
-def workloads(draw: st.DrawFn, max_mutations: int = 8) -> Workload:
+def workloads(draw: st.DrawFn, max_mutations: int = 6) -> Workload:
     version = draw(st.sampled_from(VERSIONS))
-    tables = draw(related_tables(max_tables=2, wide=False))
+    tables = draw(related_tables(max_tables=2, regular_counts=FEW_COLUMNS))
     written = draw(st.lists(mutations(tables, version), min_size=1, max_size=max_mutations))
-    sync_after = draw(st.lists(st.booleans(), min_size=len(written), max_size=len(written)))
+    syncs_after = draw(st.lists(st.sampled_from((0, 0, 1, 2)), min_size=len(written), max_size=len(written)))
     bodies = [MutationSerializer.serialize(m, version) for m in written]
-    return Workload(version, schema_of(tables), written, bodies, sync_after)
+    return Workload(version, schema_of(tables), written, bodies, syncs_after)
 
 
 @dataclass(frozen=True)
@@ -131,25 +146,27 @@ class WrittenSegment:
         return list(zip(self.positions, self.bodies))
 
 
-def write_segments(directory: Path, workload: Workload, setup: WriterSetup, segment_size: int, first_id: int,
-                   on_sync: Callable[[WrittenSegment], None] | None = None) -> list[WrittenSegment]:
+def write_segments(directory: Path, workload: Workload, setup: WriterSetup, segment_size: int,
+                   first_id: int, on_sync: Callable[[WrittenSegment], None] | None = None) \
+        -> list[WrittenSegment]:
     """Write the workload's bodies, starting a new segment whenever one is full; close them all.
 
     After every sync the ``_cdc.idx`` file must hold the synced position (plus COMPLETED if the sync
-    closed a segment that had no room left for another sync marker).
+    closed a segment that had no room left for another sync marker); a sync with nothing new to write
+    keeps that position.
     """
     segments: list[WrittenSegment] = []
 
     def next_segment() -> WrittenSegment:
         if segments:
             segments[-1].closed_at = segments[-1].writer.close()
-        writer = SegmentWriter(directory, first_id + len(segments), workload.version, segment_size=segment_size,
-                               cdc_index_directory=directory, **setup.options)
+        writer = SegmentWriter(directory, first_id + len(segments), workload.version,
+                               segment_size=segment_size, cdc_index_directory=directory, **setup.options)
         segments.append(WrittenSegment(writer))
         return segments[-1]
 
     current = next_segment()
-    for body, sync in zip(workload.bodies, workload.sync_after):
+    for body, syncs in zip(workload.bodies, workload.syncs_after):
         if current.writer.closed:
             current = next_segment()
         try:
@@ -159,10 +176,13 @@ def write_segments(directory: Path, workload: Workload, setup: WriterSetup, segm
             position = current.writer.add(body)
         current.positions.append(position)
         current.bodies.append(body)
-        if sync:
+        synced_before = None
+        for _ in range(syncs):
             synced = current.writer.sync()
+            assert synced_before is None or synced == synced_before
             completed = "\nCOMPLETED" if current.writer.closed else ""
             assert index_text(current) == f"{synced}{completed}"
+            synced_before = synced
             if on_sync is not None:
                 on_sync(current)
     current.closed_at = current.writer.close()
@@ -184,23 +204,24 @@ def pairs(entries: list[Entry]) -> list[tuple[int, bytes]]:
     return [(entry.position, entry.body) for entry in entries]
 
 
-def largest_entry(workload: Workload) -> int:
-    return max(len(body) for body in workload.bodies) + 12
-
-
 def roomy_segment_size(workload: Workload) -> int:
     """A segment size that holds the whole workload (entries, every sync marker, the header)."""
     return sum(len(body) + 12 + 8 for body in workload.bodies) + HEADER_ROOM
+
+
+def segment_sizes(workload: Workload) -> st.SearchStrategy[int]:
+    """From room for the largest entry only (a new segment for almost every entry) to room for all."""
+    smallest = max(len(body) for body in workload.bodies) + 12 + HEADER_ROOM
+    return st.integers(smallest, max(smallest, roomy_segment_size(workload)))
 
 
 segment_ids = st.integers(1, 1 << 62)
 
 
 @SETTINGS
-@given(workload=workloads(), setup=writer_setups((None, *COMPRESSORS, ENCRYPTED)), data=st.data())
+@given(workload=workloads(), setup=writer_setups(EVERY_LAYOUT), data=st.data())
 def test_segments_round_trip(workload: Workload, setup: WriterSetup, data: st.DataObject) -> None:
-    smallest = largest_entry(workload) + HEADER_ROOM
-    segment_size = data.draw(st.integers(smallest, max(smallest, roomy_segment_size(workload))), "segment size")
+    segment_size = data.draw(segment_sizes(workload), "segment size")
     first_id = data.draw(segment_ids, "first segment id")
     with tempfile.TemporaryDirectory() as directory:
         segments = write_segments(Path(directory), workload, setup, segment_size, first_id)
@@ -220,16 +241,29 @@ def test_segments_round_trip(workload: Workload, setup: WriterSetup, data: st.Da
 
 
 @SETTINGS
-@given(workload=workloads(), setup=writer_setups((None, *COMPRESSORS, ENCRYPTED)), data=st.data())
+@given(version=st.sampled_from(VERSIONS), setup=writer_setups(EVERY_LAYOUT), segment_id=segment_ids)
+def test_closed_empty_segment(version: int, setup: WriterSetup, segment_id: int) -> None:
+    """A segment closed before any entry holds one empty section; its idx is COMPLETED at once."""
+    with tempfile.TemporaryDirectory() as directory:
+        writer = SegmentWriter(directory, segment_id, version, segment_size=4096,
+                               cdc_index_directory=directory, **setup.options)
+        segment = WrittenSegment(writer, closed_at=writer.close())
+        entries, reader = read_entries(segment, setup)
+        assert index_text(segment) == f"{segment.closed_at}\nCOMPLETED"
+    assert segment.closed_at == writer.descriptor.header_size + 8
+    assert entries == [] and reader.damage == [] and reader.finished
+
+
+@SETTINGS
+@given(workload=workloads(), setup=writer_setups(EVERY_LAYOUT), data=st.data())
 def test_tailing_resumes_after_the_indexed_position(workload: Workload, setup: WriterSetup,
                                                     data: st.DataObject) -> None:
     """Read a segment being written up to its ``_cdc.idx`` offset, then, once it is complete, resume
     after the last entry read: every entry is delivered exactly once."""
     chosen = data.draw(st.integers(0, len(workload.bodies) - 1), "sync to tail at")
-    workload.sync_after[chosen] = True
-    tail_at = sum(workload.sync_after[:chosen])  # how many syncs come before the chosen one
-    smallest = largest_entry(workload) + HEADER_ROOM
-    segment_size = data.draw(st.integers(smallest, max(smallest, roomy_segment_size(workload))), "segment size")
+    workload.syncs_after[chosen] = max(1, workload.syncs_after[chosen])
+    tail_at = sum(workload.syncs_after[:chosen])  # how many syncs come before the chosen one
+    segment_size = data.draw(segment_sizes(workload), "segment size")
     synced: list[WrittenSegment] = []  # the segment of every sync so far
     early_reads: list[tuple[WrittenSegment, int, list[Entry]]] = []
 
@@ -246,13 +280,41 @@ def test_tailing_resumes_after_the_indexed_position(workload: Workload, setup: W
         assert len(early_reads) == 1
         segment, limit, before = early_reads[0]
         assert pairs(before) == [(p, b) for p, b in segment.entries if p <= limit]
+        again, _ = read_entries(segment, setup, limit=limit)  # the same limit once the segment is complete
+        assert pairs(again) == pairs(before)
         resume_at = before[-1].position if before else 0
         after, reader = read_entries(segment, setup, start=resume_at)
         assert reader.damage == [] and reader.finished
     assert pairs(before) + pairs(after) == segment.entries
 
 
-def write_one_segment(directory: Path, workload: Workload, setup: WriterSetup, segment_id: int) -> WrittenSegment:
+@SETTINGS
+@given(workload=workloads(), setup=writer_setups(EVERY_LAYOUT), slack=st.integers(0, 15),
+       segment_id=segment_ids)
+def test_sync_without_room_for_another_marker_closes_the_segment(workload: Workload, setup: WriterSetup,
+                                                                 slack: int, segment_id: int) -> None:
+    """As Cassandra's, a sync whose next sync marker would not fit closes the segment (idx COMPLETED)."""
+    with tempfile.TemporaryDirectory() as directory:
+        probe = SegmentWriter(directory, segment_id, workload.version, **setup.options)
+        header_size = probe.descriptor.header_size
+        probe.close()
+        os.remove(probe.path)
+        size = header_size + 8 + sum(len(body) + 12 for body in workload.bodies) + slack
+        writer = SegmentWriter(directory, segment_id, workload.version, segment_size=size,
+                               cdc_index_directory=directory, **setup.options)
+        segment = WrittenSegment(writer, [writer.add(body) for body in workload.bodies], workload.bodies)
+        synced = writer.sync()
+        assert synced == segment.positions[-1]
+        assert writer.closed == (slack < 8)
+        assert index_text(segment) == f"{synced}" + ("\nCOMPLETED" if slack < 8 else "")
+        segment.closed_at = writer.close()
+        entries, reader = read_entries(segment, setup)
+    assert pairs(entries) == segment.entries
+    assert reader.damage == [] and reader.finished and reader.position == segment.closed_at
+
+
+def write_one_segment(directory: Path, workload: Workload, setup: WriterSetup,
+                      segment_id: int) -> WrittenSegment:
     segments = write_segments(directory, workload, setup, roomy_segment_size(workload), segment_id)
     assert len(segments) == 1
     return segments[0]

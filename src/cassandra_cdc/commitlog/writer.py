@@ -106,7 +106,7 @@ class SegmentWriter:
     def add(self, mutation: bytes) -> int:
         """Append one serialized mutation; return its position (just past the entry)."""
         if self.closed:
-            raise ValueError(f"{self.path} is closed")
+            raise SegmentFull(f"{self.path} is closed")
         if not self.fits(len(mutation)):
             raise SegmentFull(f"{len(mutation)}-byte mutation does not fit in {self.path}")
         entry = entry_bytes(mutation)
