@@ -391,7 +391,3 @@ def _keystore(config: AgentConfig) -> KeyStore:
     if encryption.keystore is not None:
         return KeyStore.load(encryption.keystore, encryption.keystore_password or "", encryption.key_password)
     return KeyStore({alias: bytes.fromhex(key) for alias, key in encryption.keys.items()})
-
-
-def configure_logging(level: str = "INFO") -> None:
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -7,12 +7,11 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..settings import ConfigError, load_settings
 
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the file and the field."""
+__all__ = ["AgentConfig", "ConfigError", "load_config"]
 
 
 class _Section(BaseModel):
@@ -138,27 +137,5 @@ class AgentConfig(_Section):
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
-    """Read and validate the YAML file (if any) with command-line overrides (dotted keys) on top."""
-    data: dict[str, Any] = {}
-    source = str(path) if path else "command line"
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as error:
-            raise ConfigError(f"{path}: {error}") from error
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: the configuration must be a YAML mapping")
-        data = loaded or {}
-    for dotted, value in (overrides or {}).items():
-        if value is None:
-            continue
-        node = data
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    try:
-        return AgentConfig.model_validate(data)
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in error.errors())
-        raise ConfigError(f"{source}: {problems}") from None
+    """Read and validate the agent's YAML file (if any) with command-line overrides on top."""
+    return load_settings(AgentConfig, path, overrides)

@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..agent import Agent, ConfigError, configure_logging, load_config
+from ..agent import Agent, ConfigError, load_config
+from ..settings import configure_logging
 from ..agent.status import segment_statuses
 
 app = typer.Typer(no_args_is_help=False)

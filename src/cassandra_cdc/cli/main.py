@@ -6,6 +6,7 @@ import typer
 
 from . import agent
 from .dump import dump
+from .pipeline import pipeline
 
 app = typer.Typer(
     help="Change data capture for Apache Cassandra: read commit logs, stream changes to Kafka.",
@@ -14,6 +15,7 @@ app = typer.Typer(
 )
 app.command()(dump)
 app.add_typer(agent.app, name="agent")
+app.command()(pipeline)
 
 
 def _print_version(requested: bool) -> None:

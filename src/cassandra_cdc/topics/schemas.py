@@ -16,7 +16,8 @@ import json
 import time
 from dataclasses import dataclass
 
-from ..schema import TableMetadata, parse_schema
+from ..schema import CqlType, TableMetadata, parse_schema
+from ..schema.types import quote
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class SchemaRecord:
 
     @staticmethod
     def of(table: TableMetadata, node: str) -> "SchemaRecord":
-        return SchemaRecord(table.keyspace, table.name, str(table.id), table.version_hash(), table.to_cql(), node,
+        return SchemaRecord(table.keyspace, table.name, str(table.id), table.version_hash(), table_ddl(table), node,
                             int(time.time() * 1000))
 
     @property
@@ -51,3 +52,22 @@ class SchemaRecord:
         if table is None:
             raise ValueError(f"schema record {self.keyspace}.{self.table} does not define that table")
         return table
+
+
+def table_ddl(table: TableMetadata) -> str:
+    """The table's CREATE TABLE, preceded by CREATE TYPE for every user type it uses (dependencies first)."""
+    statements: list[str] = []
+    seen: set[tuple[str | None, str | None]] = set()
+
+    def visit(cql_type: CqlType) -> None:
+        for parameter in cql_type.parameters:
+            visit(parameter)
+        if cql_type.kind == "udt" and (cql_type.udt_keyspace, cql_type.udt_name) not in seen:
+            seen.add((cql_type.udt_keyspace, cql_type.udt_name))
+            fields = ", ".join(f"{quote(n)} {t.cql}" for n, t in zip(cql_type.field_names, cql_type.parameters))
+            statements.append(f"CREATE TYPE {quote(cql_type.udt_keyspace or table.keyspace)}."
+                              f"{quote(cql_type.udt_name or '')} ({fields});")
+
+    for column in table.columns + table.dropped:
+        visit(column.type)
+    return "\n".join(statements + [table.to_cql()])

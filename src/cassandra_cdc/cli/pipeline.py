@@ -1,0 +1,41 @@
+"""``cassandra-cdc pipeline``: the Spark job turning raw records into change events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..settings import ConfigError, configure_logging
+
+
+def pipeline(
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline YAML configuration file.")] = None,
+    bootstrap_servers: Annotated[Optional[str], typer.Option(help="Kafka bootstrap servers.")] = None,
+    server: Annotated[Optional[str], typer.Option(help="Logical cluster name the agents use (topic prefix).")] = None,
+    checkpoint: Annotated[Optional[Path], typer.Option(help="Spark checkpoint directory (offsets and state).")] = None,
+    format: Annotated[Optional[str], typer.Option("--format", help="Event format: json or avro.")] = None,
+    master: Annotated[Optional[str], typer.Option(help="Spark master (default local[2]).")] = None,
+    duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+) -> None:
+    """Run the Spark Structured Streaming job: read the raw topic, merge every replica's copy per
+    primary key with Cassandra's reconciliation rules (state in RocksDB, checkpointed), and write one
+    Debezium-style event per real change to <server>.<keyspace>.<table>.
+
+    Configure with a YAML file (see docs/pipeline.md) or the flags, which override it. The same job
+    runs under spark-submit (see the README). Stops cleanly on Ctrl-C or after --duration.
+    """
+    from ..pipeline.config import load_config
+    from ..pipeline.job import run
+
+    configure_logging(log_level)
+    overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
+                 "output.format": format, "spark.master": master}
+    try:
+        settings = load_config(config, overrides)
+    except ConfigError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+    raise typer.Exit(run(settings, duration))
