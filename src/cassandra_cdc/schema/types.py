@@ -431,7 +431,117 @@ def duration_text(value: util.Duration) -> str:
     return ("-" if negative else "") + ("".join(parts) or "0s")
 
 
+# --- Java class names (``AbstractType.toString()``), as SSTable headers and old schemas write types -----
+
+# org.apache.cassandra.db.marshal classes of the CQL types (DateType is the pre-2.0 name of timestamp).
+_MARSHAL_CLASSES = {
+    "AsciiType": "ascii", "LongType": "bigint", "BytesType": "blob", "BooleanType": "boolean",
+    "CounterColumnType": "counter", "SimpleDateType": "date", "DecimalType": "decimal", "DoubleType": "double",
+    "DurationType": "duration", "FloatType": "float", "InetAddressType": "inet", "Int32Type": "int",
+    "ShortType": "smallint", "UTF8Type": "text", "TimeType": "time", "TimestampType": "timestamp",
+    "DateType": "timestamp", "TimeUUIDType": "timeuuid", "ByteType": "tinyint", "UUIDType": "uuid",
+    "LexicalUUIDType": "uuid", "IntegerType": "varint", "EmptyType": "empty",
+}
+
+_CLASS_TOKEN = re.compile(r"\s*([^(),:\s]+|[(),:])")
+
+
+@dataclass(frozen=True)
+class _ClassNode:
+    name: str
+    args: tuple["_ClassNode", ...] = ()
+    label: str | None = None  # "hexname:" before a UDT field's type
+
+    @property
+    def short(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+
+def _parse_class_name(text: str) -> _ClassNode:
+    tokens = [m.group(1) for m in _CLASS_TOKEN.finditer(text)]
+    if "".join(tokens) != re.sub(r"\s+", "", text):
+        raise CqlTypeError(f"cannot parse type class name {text!r}")
+    node, rest = _class_node(tokens, text)
+    if rest:
+        raise CqlTypeError(f"unexpected {''.join(rest)!r} at the end of type class name {text!r}")
+    return node
+
+
+def _class_node(tokens: list[str], text: str) -> tuple[_ClassNode, list[str]]:
+    if not tokens or tokens[0] in "(),:":
+        raise CqlTypeError(f"incomplete type class name {text!r}")
+    name, rest = tokens[0], tokens[1:]
+    label = None
+    if rest[:1] == [":"]:
+        label, (node, rest) = name, _class_node(rest[1:], text)
+        return _ClassNode(node.name, node.args, label), rest
+    args: list[_ClassNode] = []
+    if rest[:1] == ["("]:
+        rest = rest[1:]
+        while rest[:1] != [")"]:
+            arg, rest = _class_node(rest, text)
+            args.append(arg)
+            if rest[:1] == [","]:
+                rest = rest[1:]
+            elif rest[:1] != [")"]:
+                raise CqlTypeError(f"expected ',' or ')' in type class name {text!r}")
+        rest = rest[1:]
+    return _ClassNode(name, tuple(args), label), rest
+
+
+def is_reversed_class_name(text: str) -> bool:
+    """Whether a clustering type class name is ``ReversedType(...)`` (a DESC clustering column)."""
+    return _parse_class_name(text).short == "ReversedType"
+
+
+def type_from_class_name(text: str) -> CqlType:
+    """A CQL type from its Java class name, e.g. ``org.apache.cassandra.db.marshal.MapType(UTF8Type,Int32Type)``.
+
+    This is how SSTable headers (``Statistics.db``) and pre-3.0 schemas name types. ``ReversedType`` (the
+    type of a DESC clustering column) gives the type it wraps; a ``CompositeType`` (a composite partition
+    key) is not a single type: see :func:`types_from_composite_class_name`.
+    """
+    return _from_class_node(_parse_class_name(text), text)
+
+
+def types_from_composite_class_name(text: str) -> list[CqlType]:
+    """The component types of a partition key type: several for ``CompositeType(...)``, else one."""
+    node = _parse_class_name(text)
+    if node.short == "CompositeType":
+        return [_from_class_node(arg, text) for arg in node.args]
+    return [_from_class_node(node, text)]
+
+
+def _from_class_node(node: _ClassNode, text: str) -> CqlType:
+    short, args = node.short, node.args
+    if short in _MARSHAL_CLASSES and not args:
+        return simple_type(_MARSHAL_CLASSES[short])
+    if short == "ReversedType" and len(args) == 1:
+        return _from_class_node(args[0], text)
+    if short == "FrozenType" and len(args) == 1:
+        return freeze(_from_class_node(args[0], text))
+    nested = [freeze(_from_class_node(a, text)) for a in args] if short not in ("UserType", "VectorType") else []
+    if short in ("ListType", "SetType") and len(nested) == 1:
+        return (list_type if short == "ListType" else set_type)(nested[0])
+    if short == "MapType" and len(nested) == 2:
+        return map_type(nested[0], nested[1])
+    if short == "TupleType" and nested:
+        return tuple_type(tuple(nested))
+    if short == "VectorType" and len(args) == 2 and args[1].name.isdigit() and not args[1].args:
+        return vector_type(freeze(_from_class_node(args[0], text)), int(args[1].name))
+    if short == "UserType" and len(args) >= 2 and all(a.label is not None for a in args[2:]):
+        try:
+            name = bytes.fromhex(args[1].name).decode("utf-8")
+            fields = {bytes.fromhex(a.label or "").decode("utf-8"): freeze(_from_class_node(a, text))
+                      for a in args[2:]}
+        except ValueError as error:
+            raise CqlTypeError(f"malformed UserType in type class name {text!r}: {error}") from None
+        return user_type(args[0].name, name, fields)
+    raise CqlTypeError(f"unsupported type class {node.name!r} in {text!r}")
+
+
 __all__ = [
     "CqlType", "CqlTypeError", "parse_type", "simple_type", "list_type", "set_type", "map_type",
-    "tuple_type", "vector_type", "user_type", "freeze", "duration_text", "quote",
+    "tuple_type", "vector_type", "user_type", "freeze", "duration_text", "quote", "type_from_class_name",
+    "types_from_composite_class_name", "is_reversed_class_name",
 ]
