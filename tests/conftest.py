@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from typing import Any, Iterator
+
 from cassandra_cdc.commitlog import KeyStore
 from cassandra_cdc.schema import Schema, load_schema_files
 
@@ -59,3 +61,24 @@ def read_hash_txt(directory: str) -> dict[str, str]:
 def _shared_files_present() -> None:
     if not COMMITLOGS.is_dir():
         pytest.exit(f"the real Cassandra files are missing: {COMMITLOGS} (set CASSANDRA_CDC_SHARED)", returncode=3)
+
+
+@pytest.fixture(scope="session")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One embedded Kafka-protocol broker (noida-db on loopback) for the whole run; tests use their own topics."""
+    from cassandra_cdc.simulator import EmbeddedBroker
+
+    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One local[2] Spark session for the whole run (starting one costs ~10 s)."""
+    from cassandra_cdc.pipeline.source import KafkaDataSource
+    from cassandra_cdc.pipeline.spark import spark_session
+
+    session = spark_session(app_name="cassandra-cdc-tests")
+    session.dataSource.register(KafkaDataSource)
+    yield session
+    session.stop()

@@ -1,0 +1,1 @@
+"""Spark pipeline: Kafka source, merge of per-node changes, exactly-once Kafka sink."""

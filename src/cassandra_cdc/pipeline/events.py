@@ -1,0 +1,181 @@
+"""Debezium-style change events: key and envelope (``before``, ``after``, ``op``, ``source``, ``ts_ms``).
+
+Two encodings: Kafka Connect JSON (``{"schema": …, "payload": …}``, as the JsonConverter writes it
+with schemas enabled) and Avro (Confluent wire format with a schema registry, otherwise a
+self-describing Avro object container holding one record). Reference: ``docs/events.md``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import fastavro
+
+from ..schema import TableMetadata
+from .types import FieldMapping
+
+CONNECTOR = "cassandra"
+SOURCE_VERSION = "1"
+
+Format = Literal["json", "avro"]
+Op = Literal["c", "u", "d", "r"]
+
+_SOURCE_FIELDS: list[tuple[str, str, str, bool]] = [
+    # name, Connect type, Avro type, optional
+    ("version", "string", "string", False),
+    ("connector", "string", "string", False),
+    ("name", "string", "string", False),
+    ("cluster", "string", "string", False),
+    ("keyspace", "string", "string", False),
+    ("table", "string", "string", False),
+    ("ts_us", "int64", "long", False),
+    ("snapshot", "string", "string", False),
+    ("node", "string", "string", True),
+    ("segment", "int64", "long", True),
+    ("position", "int64", "long", True),
+]
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a change came from: the node, segment and position of the raw record that caused it."""
+
+    name: str
+    cluster: str
+    keyspace: str
+    table: str
+    ts_us: int
+    snapshot: bool
+    node: str | None
+    segment: int | None
+    position: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"version": SOURCE_VERSION, "connector": CONNECTOR, "name": self.name, "cluster": self.cluster,
+                "keyspace": self.keyspace, "table": self.table, "ts_us": self.ts_us,
+                "snapshot": "true" if self.snapshot else "false", "node": self.node, "segment": self.segment,
+                "position": self.position}
+
+
+def event_topic(server: str, table: TableMetadata) -> str:
+    return f"{server}.{table.keyspace}.{table.name}"
+
+
+class EventEncoder:
+    """Encodes the events of one table (one schema version) in one format."""
+
+    def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
+                 schema_registry: "SchemaRegistry | None" = None) -> None:
+        self.table = table
+        self.topic = event_topic(server, table)
+        self.format = fmt
+        self._name = f"{server}.{table.keyspace}.{table.name}"
+        self._key_columns = [(c.name, FieldMapping(c.type)) for c in table.primary_key]
+        self._value_columns = [(c.name, FieldMapping(c.type)) for c in table.columns]
+        if fmt == "json":
+            self._key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False, key=True)
+            row = self._connect_struct(f"{self._name}.Value", self._value_columns, optional=True)
+            self._value_schema = {
+                "type": "struct", "name": f"{self._name}.Envelope", "optional": False,
+                "fields": [row | {"field": "before"}, row | {"field": "after"},
+                           {"type": "struct", "name": "cassandra_cdc.Source", "optional": False, "field": "source",
+                            "fields": [{"type": t, "optional": o, "field": n} for n, t, _, o in _SOURCE_FIELDS]},
+                           {"type": "string", "optional": False, "field": "op"},
+                           {"type": "int64", "optional": True, "field": "ts_ms"}]}
+        else:
+            namespace = _avro_namespace(self._name)
+            self._avro_key = fastavro.parse_schema(self._avro_record("Key", namespace, self._key_columns, key=True))
+            row = self._avro_record("Value", namespace, self._value_columns)
+            self._avro_value = fastavro.parse_schema({
+                "type": "record", "name": "Envelope", "namespace": namespace,
+                "fields": [{"name": "before", "type": ["null", row], "default": None},
+                           {"name": "after", "type": ["null", f"{namespace}.Value"], "default": None},
+                           {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "cassandra_cdc",
+                                                       "fields": [{"name": n, "type": ["null", a] if o else a}
+                                                                  for n, _, a, o in _SOURCE_FIELDS]}},
+                           {"name": "op", "type": "string"},
+                           {"name": "ts_ms", "type": ["null", "long"], "default": None}]})
+            self._registry = schema_registry
+
+    # --- public -----------------------------------------------------------------------------------
+
+    def key(self, row: dict[str, Any]) -> bytes:
+        payload = self._row(row, self._key_columns)
+        if self.format == "json":
+            return _json({"schema": self._key_schema, "payload": payload})
+        return self._avro(self._avro_key, payload, f"{self.topic}-key")
+
+    def value(self, before: dict[str, Any] | None, after: dict[str, Any] | None, op: Op, source: Source,
+              ts_ms: int) -> bytes:
+        payload = {"before": None if before is None else self._row(before, self._value_columns),
+                   "after": None if after is None else self._row(after, self._value_columns),
+                   "source": source.as_dict(), "op": op, "ts_ms": ts_ms}
+        if self.format == "json":
+            return _json({"schema": self._value_schema, "payload": payload})
+        return self._avro(self._avro_value, payload, f"{self.topic}-value")
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _row(self, row: dict[str, Any], columns: list[tuple[str, FieldMapping]]) -> dict[str, Any]:
+        convert = "to_connect" if self.format == "json" else "to_avro"
+        return {name: getattr(mapping, convert)(row.get(name)) for name, mapping in columns}
+
+    @staticmethod
+    def _connect_struct(name: str, columns: list[tuple[str, FieldMapping]], optional: bool,
+                        key: bool = False) -> dict[str, Any]:
+        return {"type": "struct", "name": name, "optional": optional,
+                "fields": [m.connect_schema(optional=not key, field=n) for n, m in columns]}
+
+    @staticmethod
+    def _avro_record(name: str, namespace: str, columns: list[tuple[str, FieldMapping]], key: bool = False) -> dict:
+        fields = []
+        for column, mapping in columns:
+            avro_type = mapping.avro_schema(namespace)
+            fields.append({"name": column, "type": avro_type} if key else
+                          {"name": column, "type": ["null", avro_type], "default": None})
+        return {"type": "record", "name": name, "namespace": namespace, "fields": fields}
+
+    def _avro(self, schema: Any, record: dict[str, Any], subject: str) -> bytes:
+        out = io.BytesIO()
+        if self._registry is None:
+            fastavro.writer(out, schema, [record])  # an object container: the schema travels along
+            return out.getvalue()
+        schema_id = self._registry.register(subject, schema)
+        out.write(struct.pack(">bI", 0, schema_id))  # Confluent wire format: magic 0, schema id
+        fastavro.schemaless_writer(out, schema, record)
+        return out.getvalue()
+
+
+class SchemaRegistry:
+    """Registers Avro schemas with a Confluent-compatible schema registry (HTTP), caching the ids."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self._ids: dict[tuple[str, str], int] = {}
+
+    def register(self, subject: str, schema: Any) -> int:
+        text = json.dumps(schema, sort_keys=True)
+        cached = self._ids.get((subject, text))
+        if cached is not None:
+            return cached
+        request = urllib.request.Request(
+            f"{self.url}/subjects/{subject}/versions", data=json.dumps({"schema": text}).encode(),
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            schema_id = int(json.loads(response.read())["id"])
+        self._ids[(subject, text)] = schema_id
+        return schema_id
+
+
+def _avro_namespace(name: str) -> str:
+    return ".".join(part if part and part[0].isalpha() else f"_{part}" for part in
+                    ("".join(c if c.isalnum() or c == "_" else "_" for c in p) for p in name.split(".")))
+
+
+def _json(document: Any) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()

@@ -1,0 +1,94 @@
+"""The pipeline job: raw topic → merge per partition (RocksDB state) → per-table event topics.
+
+The same code runs in ``local[*]`` and under ``spark-submit``: ``cassandra-cdc pipeline`` builds the
+session itself; under spark-submit the session's master and settings come from spark-submit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from .config import PipelineConfig
+from .processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
+from .sink import KafkaAtLeastOnceSink, KafkaTransactionalSink
+from .source import KafkaDataSource
+from .spark import kafka_format_available, spark_session
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "cassandra-cdc"
+
+
+def read_raw(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    """The raw topic as a stream, through Spark's ``kafka`` format when its jar is there, else ours."""
+    kafka = config.kafka
+    builtin = kafka.source == "kafka" or (kafka.source == "auto" and kafka_format_available(spark))
+    if builtin:
+        reader = spark.readStream.format("kafka")
+    else:
+        spark.dataSource.register(KafkaDataSource)
+        reader = spark.readStream.format(KafkaDataSource.name())
+    reader = (reader.option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+              .option("subscribe", config.raw_topic)
+              .option("startingOffsets", kafka.starting_offsets)
+              .option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger)))
+    for name, value in kafka.consumer.items():
+        reader = reader.option(f"kafka.{name}", str(value))
+    log.info("reading %s with the %s Kafka source", config.raw_topic, "built-in" if builtin else "Python")
+    return reader.load().select("key", "value", "partition", "offset")
+
+
+def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    """Events (``topic``, ``key``, ``value``) from the raw records, merged per partition key."""
+    settings = ProcessorSettings(
+        server=config.server, cluster=config.cluster_name, bootstrap_servers=config.kafka.bootstrap_servers,
+        schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
+        schema_registry_url=config.output.schema_registry_url, tombstones=config.output.tombstones,
+        consumer=tuple(sorted(config.kafka.consumer.items())))
+    raw = read_raw(spark, config)
+    bucketed = raw.withColumn("bucket", F.pmod(F.xxhash64("key"), F.lit(config.state.buckets)))
+    return bucketed.groupBy("bucket").transformWithStateInPandas(
+        ChangeProcessor(settings), OUTPUT_SCHEMA, "Update", "ProcessingTime")
+
+
+def start(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
+    kafka = config.kafka
+    if config.output.exactly_once:
+        sink = KafkaTransactionalSink(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, kafka.producer,
+                                      topic_partitions=kafka.events_topic_partitions)
+    else:
+        sink = KafkaAtLeastOnceSink(kafka.bootstrap_servers, kafka.producer,
+                                    topic_partitions=kafka.events_topic_partitions)
+    return (change_events(spark, config).writeStream
+            .queryName(QUERY_NAME)
+            .foreachBatch(sink.write_batch)
+            .option("checkpointLocation", str(config.checkpoint))
+            .trigger(processingTime=config.spark.trigger_interval)
+            .start())
+
+
+def run(config: PipelineConfig, duration: float | None = None) -> int:
+    """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds."""
+    spark = spark_session(config.spark.master or "local[2]", QUERY_NAME, config.spark.shuffle_partitions,
+                          config.spark.conf)
+    query = start(spark, config)
+    log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic, config.server,
+             config.checkpoint)
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        while query.isActive and (deadline is None or time.monotonic() < deadline):
+            query.awaitTermination(1)
+    except KeyboardInterrupt:
+        log.info("stopping the pipeline")
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        log.error("the pipeline failed: %s", query.exception())
+        return 1
+    return 0

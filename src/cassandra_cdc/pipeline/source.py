@@ -1,0 +1,431 @@
+"""``cdc-kafka``: a streaming Kafka source for Spark written in Python, over confluent-kafka.
+
+Spark's own ``format("kafka")`` needs a connector jar this platform cannot download; this source has
+the same output schema, so the job code is the same with either (``kafka_format_available`` in
+pipeline.spark tells which one to use)::
+
+    spark.dataSource.register(KafkaDataSource)
+    events = (spark.readStream.format("cdc-kafka")
+              .option("kafka.bootstrap.servers", "127.0.0.1:9092")
+              .option("subscribe", "cdc.raw")
+              .option("maxOffsetsPerTrigger", 50_000)
+              .load())
+
+Output schema (Spark's kafka source without headers):
+
+======================  =========  =================================================================
+column                  type       meaning
+======================  =========  =================================================================
+``key``                 binary     record key (null when the record has none)
+``value``               binary     record value (null for a tombstone)
+``topic``               string     the subscribed topic
+``partition``           int        Kafka partition
+``offset``              long       Kafka offset
+``timestamp``           timestamp  record timestamp (null when the broker has none)
+``timestampType``       int        0 = CreateTime, 1 = LogAppendTime, -1 = none
+======================  =========  =================================================================
+
+Options (names are case-insensitive):
+
+=========================  ==============  ===========================================================
+option                     default         meaning
+=========================  ==============  ===========================================================
+``kafka.bootstrap.servers``  (required)    brokers
+``subscribe``              (required)      one topic
+``maxOffsetsPerTrigger``   100000          offsets admitted per micro-batch, spread over partitions in
+                                           proportion to their backlog (at least one when data
+                                           exists); ``none`` for no limit. ``Trigger.AvailableNow``
+                                           keeps the limit and stops at the offsets of its start.
+``startingOffsets``        ``earliest``    ``earliest``, ``latest`` or Spark's JSON
+                                           ``{"topic": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest);
+                                           used only when the checkpoint has no offsets yet
+``failOnDataLoss``         ``true``        fail when offsets to read are gone (retention, a topic
+                                           recreated) instead of skipping to what is left
+``kafkaConsumer.pollTimeoutMs``  120000    a read task fails after this long without progress
+``kafka.*``                                any other librdkafka consumer setting, e.g.
+                                           ``kafka.security.protocol``
+=========================  ==============  ===========================================================
+
+How it maps to Spark:
+
+- Offsets are ``{"<partition>": <next offset>}`` (partitions in numeric order, so equal offsets are
+  equal JSON) and live only in Spark's checkpoint: nothing is committed to Kafka, a consumer group id
+  is never joined.
+- One Spark partition (task) per Kafka partition with new offsets in the micro-batch; the task opens
+  its own consumer, ``assign``s it at the start offset and reads up to the end offset, emitting Arrow
+  record batches.
+- ``isolation.level=read_committed`` by default: the latest offset of a partition is its last stable
+  offset, so a batch never waits for an open transaction, and aborted records are never emitted.
+  Offset ranges are counted in offsets, which include transaction markers and aborted records, so a
+  batch can hold fewer rows than ``maxOffsetsPerTrigger``.
+- Partitions added to the topic while the query runs are read from their first offset.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxRows, ReadMinRows,
+                                              SupportsTriggerAvailableNow)
+from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
+                               TimestampType)
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "cdc-kafka"
+SCHEMA = StructType([
+    StructField("key", BinaryType()),
+    StructField("value", BinaryType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("offset", LongType()),
+    StructField("timestamp", TimestampType()),
+    StructField("timestampType", IntegerType()),
+])
+ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")  # exactly what Spark checks yielded batches against
+
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 100_000
+DEFAULT_POLL_TIMEOUT_MS = 120_000
+METADATA_TIMEOUT = 30.0
+# Spark's startingOffsets JSON uses these for "earliest" and "latest".
+EARLIEST, LATEST = -2, -1
+# Rows per consume() call, hence per Arrow record batch at most.
+CONSUME_BATCH = 10_000
+# librdkafka's timestamp types are NOT_AVAILABLE=0, CREATE_TIME=1, LOG_APPEND_TIME=2; Kafka's (and
+# Spark's ``timestampType``) are -1, 0, 1.
+_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
+# Errors librdkafka reports while it reconnects by itself: keep reading until the poll timeout.
+_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
+              KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
+              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+
+Offsets = dict[int, int]  # Kafka partition -> next offset to read
+
+
+class KafkaSourceError(RuntimeError):
+    """The source cannot go on: bad options, Kafka unreachable or refusing, offsets gone."""
+
+
+class DataLossError(KafkaSourceError):
+    """Offsets the query must read were deleted (retention, a recreated topic) or never were."""
+
+
+# --- options -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SourceOptions:
+    topic: str
+    max_offsets_per_trigger: int | None
+    starting_offsets: str
+    fail_on_data_loss: bool
+    poll_timeout_ms: int
+    kafka: dict[str, str] = field(default_factory=dict)  # librdkafka settings, ``kafka.`` prefix removed
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
+        lowered = {key.lower(): str(value) for key, value in options.items()}
+        kafka = {key[len("kafka."):]: value for key, value in lowered.items() if key.startswith("kafka.")}
+        if not kafka.get("bootstrap.servers"):
+            raise KafkaSourceError(f"{SOURCE_NAME}: option kafka.bootstrap.servers is required")
+        topic = lowered.get("subscribe", "").strip()
+        if not topic or "," in topic:
+            raise KafkaSourceError(f"{SOURCE_NAME}: option subscribe must name exactly one topic, "
+                                   f"got {topic!r}")
+        limit = lowered.get("maxoffsetspertrigger", str(DEFAULT_MAX_OFFSETS_PER_TRIGGER)).strip().lower()
+        try:
+            max_offsets = None if limit in ("", "none") else int(limit)
+        except ValueError:
+            max_offsets = 0
+        if max_offsets is not None and max_offsets < 1:
+            raise KafkaSourceError(f"{SOURCE_NAME}: maxOffsetsPerTrigger must be a positive integer or none, "
+                                   f"got {limit!r}")
+        fail_on_data_loss = lowered.get("failondataloss", "true").strip().lower()
+        if fail_on_data_loss not in ("true", "false"):
+            raise KafkaSourceError(f"{SOURCE_NAME}: failOnDataLoss must be true or false, "
+                                   f"got {fail_on_data_loss!r}")
+        return cls(topic=topic, max_offsets_per_trigger=max_offsets,
+                   starting_offsets=lowered.get("startingoffsets", "earliest").strip(),
+                   fail_on_data_loss=fail_on_data_loss == "true",
+                   poll_timeout_ms=int(lowered.get("kafkaconsumer.polltimeoutms", DEFAULT_POLL_TIMEOUT_MS)),
+                   kafka=kafka)
+
+    def consumer_config(self, **overrides: Any) -> dict[str, Any]:
+        """Settings for a consumer that is only ever ``assign``ed and never commits."""
+        config: dict[str, Any] = {
+            # librdkafka wants a group id; it is never joined (no subscribe) nor committed to.
+            "group.id": f"{SOURCE_NAME}-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 100,
+        }
+        config.update(self.kafka)
+        config.update({"enable.auto.commit": False, "enable.auto.offset.store": False}, **overrides)
+        return config
+
+
+# --- offsets -----------------------------------------------------------------------------------
+
+def offsets_to_json(offsets: Offsets) -> dict[str, int]:
+    """Partitions in numeric order: Spark compares offsets as JSON text."""
+    return {str(partition): offsets[partition] for partition in sorted(offsets)}
+
+
+def offsets_from_json(offsets: Mapping[str, Any]) -> Offsets:
+    return {int(partition): int(offset) for partition, offset in offsets.items()}
+
+
+def admit(available: Offsets, max_rows: int) -> Offsets:
+    """How many offsets each partition may advance: all of them when they fit in ``max_rows``, else
+    shares roughly proportional to the backlogs that add up to exactly ``max_rows`` (at least 1)."""
+    total = sum(available.values())
+    if total <= max_rows:
+        return dict(available)
+    max_rows = max(1, max_rows)
+    shares = {partition: count * max_rows // total for partition, count in available.items()}
+    left = max_rows - sum(shares.values())  # fewer than the number of partitions
+    # The rest to the smallest shares first, so a small backlog is not starved by a big one.
+    for partition in sorted(available, key=lambda p: (shares[p], -available[p], p)):
+        if left == 0:
+            break
+        if shares[partition] < available[partition]:
+            shares[partition] += 1
+            left -= 1
+    return shares
+
+
+# --- the data source ---------------------------------------------------------------------------
+
+class KafkaDataSource(DataSource):
+    """Register with ``spark.dataSource.register(KafkaDataSource)``, read with ``format("cdc-kafka")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def streamReader(self, schema: StructType) -> "KafkaStreamReader":
+        return KafkaStreamReader(SourceOptions.parse(self.options))
+
+
+class KafkaInputPartition(InputPartition):
+    """One Kafka partition's offsets ``[start, end)`` in one micro-batch."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+    def __repr__(self) -> str:
+        return f"KafkaInputPartition({self.topic}[{self.partition}] {self.start}..{self.end})"
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches on the driver (one long-lived process) and reads them in the tasks."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._consumer: Consumer | None = None  # driver side only, for watermarks
+        self._target: Offsets | None = None  # Trigger.AvailableNow: never go past these offsets
+        self._latest: Offsets | None = None
+        self._warned: set[str] = set()  # each problem is logged once, not at every trigger
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The reader is pickled into every task: the driver's client stays behind.
+        return {**self.__dict__, "_consumer": None}
+
+    # -- driver side --
+
+    def initialOffset(self) -> dict[str, int]:
+        marks = self._watermarks()
+        starting = self.options.starting_offsets
+        if starting.lower() == "earliest":
+            return offsets_to_json({partition: low for partition, (low, _) in marks.items()})
+        if starting.lower() == "latest":
+            return offsets_to_json({partition: high for partition, (_, high) in marks.items()})
+        try:
+            specified = json.loads(starting)[self.options.topic]
+            requested = offsets_from_json(specified)
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise KafkaSourceError(f"{SOURCE_NAME}: startingOffsets must be earliest, latest or "
+                                   f'{{"{self.options.topic}": {{"<partition>": <offset>}}}}, '
+                                   f"got {starting!r}") from error
+        offsets = {}
+        for partition, (low, high) in marks.items():
+            offset = requested.get(partition, EARLIEST)
+            offsets[partition] = low if offset == EARLIEST else high if offset == LATEST else offset
+        return offsets_to_json(offsets)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = {partition: high for partition, (_, high) in self._watermarks().items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        begin = offsets_from_json(start)
+        marks = self._watermarks()
+        self._latest = {partition: high for partition, (_, high) in marks.items()}
+        available: Offsets = {}
+        for partition in sorted(set(begin) | set(marks)):
+            if partition not in marks:
+                self._data_loss(f"partition {partition} is gone from the topic")
+                continue  # keep its offset as it is
+            low, high = marks[partition]
+            if partition not in begin:
+                begin[partition] = 0  # a partition added to the topic: read it from its first offset
+            if begin[partition] < low:
+                self._data_loss(f"partition {partition}: offsets {begin[partition]}..{low} were deleted "
+                                f"before they were read")
+            if begin[partition] > high:
+                self._data_loss(f"partition {partition}: next offset {begin[partition]} is beyond the end "
+                                f"of the partition ({high}); was the topic recreated?")
+            if self._target is not None:
+                # Partitions added after the query started have no target: nothing to read in them.
+                high = min(high, self._target.get(partition, begin[partition]))
+            available[partition] = max(0, high - begin[partition])
+        if isinstance(limit, ReadMaxRows):
+            admitted = admit(available, limit.max_rows)
+        elif isinstance(limit, ReadMinRows) and sum(available.values()) < limit.min_rows:
+            admitted = {partition: 0 for partition in available}
+        else:
+            admitted = available
+        end = {partition: offset + admitted.get(partition, 0) for partition, offset in begin.items()}
+        return offsets_to_json(end)
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return None if self._latest is None else offsets_to_json(self._latest)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
+        begin, finish = offsets_from_json(start), offsets_from_json(end)
+        return [KafkaInputPartition(self.options.topic, partition, begin.get(partition, 0), stop)
+                for partition, stop in sorted(finish.items()) if stop > begin.get(partition, 0)]
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: Spark's checkpoint is the only record of what was read."""
+
+    def stop(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _watermarks(self) -> dict[int, tuple[int, int]]:
+        """``partition -> (first offset, end offset)``; the end is the last stable offset with
+        read_committed. A topic that does not exist yet has no partitions."""
+        if self._consumer is None:
+            self._consumer = Consumer(self.options.consumer_config())
+        topic = self.options.topic
+        try:
+            metadata = self._consumer.list_topics(topic, timeout=METADATA_TIMEOUT).topics[topic]
+            if metadata.error is not None:
+                if metadata.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise KafkaException(metadata.error)
+                self._warn_once(f"{SOURCE_NAME}: topic {topic} does not exist (yet): nothing to read")
+                return {}
+            return {partition: self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                                    timeout=METADATA_TIMEOUT, cached=False)
+                    for partition in sorted(metadata.partitions)}
+        except KafkaException as error:
+            raise KafkaSourceError(f"{SOURCE_NAME}: cannot get the offsets of topic {topic}: {error}") \
+                from error
+
+    def _data_loss(self, message: str) -> None:
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"{SOURCE_NAME}: data loss on topic {self.options.topic}: {message} "
+                                   f"(set failOnDataLoss=false to skip what is gone)")
+        self._warn_once(f"{SOURCE_NAME}: data loss on topic {self.options.topic}: {message}; going on "
+                        f"(failOnDataLoss=false)")
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning("%s", message)
+
+    # -- executor side --
+
+    def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        options = self.options
+        consumer = Consumer(options.consumer_config(**{
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error" if options.fail_on_data_loss else "earliest",
+        }))
+        try:
+            consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
+            chunks = consume_range(consumer, partition.topic, partition.partition, partition.start,
+                                   partition.end, options.poll_timeout_ms / 1000)
+            yield from _arrow_batches(chunks, partition.topic, partition.partition)
+        except DataLossError as error:
+            raise DataLossError(f"{SOURCE_NAME}: {error} (set failOnDataLoss=false to skip what is gone)") \
+                from None
+        finally:
+            consumer.close()
+
+
+def consume_range(consumer: Consumer, topic: str, partition: int, start: int, end: int,
+                  poll_timeout: float) -> Iterator[list[Message]]:
+    """The records of ``[start, end)`` of a partition the consumer is assigned at ``start``, in chunks.
+
+    The record at ``end - 1`` may never arrive (a transaction marker, an aborted record): the range is
+    complete when a record at or past ``end`` arrives or the consumer reaches the end of the partition
+    (which the caller saw at or past ``end``). Needs ``enable.partition.eof``.
+    """
+    where = f"{topic}[{partition}]"
+    next_offset = start
+    deadline = time.monotonic() + poll_timeout
+    while next_offset < end:
+        records = []
+        for message in consumer.consume(num_messages=min(CONSUME_BATCH, end - next_offset), timeout=1.0):
+            error = message.error()
+            if error is None:
+                records.append(message)
+            elif error.code() == KafkaError._PARTITION_EOF:
+                if message.offset() >= end:
+                    next_offset = end
+            elif error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                raise DataLossError(f"data loss on {where}: offset {next_offset} is gone ({error.str()})")
+            elif error.fatal() or error.code() not in _TRANSIENT:
+                raise KafkaSourceError(f"reading {where} failed at offset {next_offset}: {error.str()}")
+        if records and records[-1].offset() >= end:
+            next_offset = end
+            records = [record for record in records if record.offset() < end]
+        if records:
+            next_offset = max(next_offset, records[-1].offset() + 1)
+            deadline = time.monotonic() + poll_timeout
+            yield records
+        elif next_offset < end and time.monotonic() > deadline:
+            raise KafkaSourceError(f"no progress reading {where} for {poll_timeout:.0f} s "
+                                   f"(stuck at offset {next_offset}, reading up to {end})")
+
+
+def _arrow_batches(chunks: Iterator[list[Message]], topic: str, partition: int) -> Iterator[pa.RecordBatch]:
+    topic_value = pa.scalar(topic, pa.string())
+    partition_value = pa.scalar(partition, pa.int32())
+    timestamp_type = ARROW_SCHEMA.field("timestamp").type
+    for records in chunks:
+        stamps = [record.timestamp() for record in records]
+        count = len(records)
+        yield pa.RecordBatch.from_arrays([
+            pa.array([record.key() for record in records], pa.binary()),
+            pa.array([record.value() for record in records], pa.binary()),
+            pa.repeat(topic_value, count),
+            pa.repeat(partition_value, count),
+            pa.array([record.offset() for record in records], pa.int64()),
+            pa.array([ms * 1000 if kind else None for kind, ms in stamps], timestamp_type),
+            pa.array([_TIMESTAMP_TYPE.get(kind, -1) for kind, _ in stamps], pa.int32()),
+        ], schema=ARROW_SCHEMA)
+
+
+__all__ = ["DataLossError", "KafkaDataSource", "KafkaSourceError", "SCHEMA", "SOURCE_NAME", "SourceOptions",
+           "admit", "consume_range"]

@@ -1,0 +1,187 @@
+"""How CQL values appear in change events: Kafka Connect schemas (JSON converter) and Avro.
+
+One table, documented in ``docs/events.md``, decides every mapping: no loss (``varint`` and ``decimal``
+as strings, ``timestamp`` in milliseconds as Cassandra keeps it, ``time`` in nanoseconds), uuids as
+strings, collections as arrays and maps, tuples and UDTs as structs/records.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..schema.types import CqlType
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+
+# CQL kind -> (Connect type, Connect logical name or None, Avro schema)
+_SIMPLE: dict[str, tuple[str, str | None, Any]] = {
+    "ascii": ("string", None, "string"),
+    "text": ("string", None, "string"),
+    "varchar": ("string", None, "string"),
+    "boolean": ("boolean", None, "boolean"),
+    "tinyint": ("int8", None, "int"),
+    "smallint": ("int16", None, "int"),
+    "int": ("int32", None, "int"),
+    "bigint": ("int64", None, "long"),
+    "counter": ("int64", None, "long"),
+    "float": ("float", None, "float"),
+    "double": ("double", None, "double"),
+    "varint": ("string", "cassandra_cdc.Varint", "string"),
+    "decimal": ("string", "cassandra_cdc.Decimal", "string"),
+    "blob": ("bytes", None, "bytes"),
+    "empty": ("bytes", None, "bytes"),
+    "uuid": ("string", "io.debezium.data.Uuid", {"type": "string", "logicalType": "uuid"}),
+    "timeuuid": ("string", "io.debezium.data.Uuid", {"type": "string", "logicalType": "uuid"}),
+    "inet": ("string", "cassandra_cdc.Inet", "string"),
+    "date": ("int32", "org.apache.kafka.connect.data.Date", {"type": "int", "logicalType": "date"}),
+    "time": ("int64", "io.debezium.time.NanoTime", "long"),
+    "timestamp": ("int64", "org.apache.kafka.connect.data.Timestamp",
+                  {"type": "long", "logicalType": "timestamp-millis"}),
+}
+
+
+def _timestamp_millis(value: datetime.datetime) -> int:
+    if value.tzinfo is not None:
+        value = value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    delta = value - _EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1000 + delta.microseconds // 1000
+
+
+_SIMPLE_VALUES: dict[str, Callable[[Any], Any]] = {
+    "varint": str,
+    "decimal": str,
+    "uuid": str,
+    "timeuuid": str,
+    "inet": str,
+    "date": lambda v: v.days_from_epoch,
+    "time": lambda v: v.nanosecond_time,
+    "timestamp": _timestamp_millis,
+    "blob": bytes,
+}
+
+
+@dataclass(frozen=True)
+class FieldMapping:
+    """The event representation of one CQL type."""
+
+    cql_type: CqlType
+
+    # --- Kafka Connect --------------------------------------------------------------------------
+
+    def connect_schema(self, optional: bool = True, field: str | None = None) -> dict[str, Any]:
+        t = self.cql_type
+        kind = t.kind
+        schema: dict[str, Any]
+        if kind in _SIMPLE:
+            connect_type, name, _ = _SIMPLE[kind]
+            schema = {"type": connect_type}
+            if name:
+                schema["name"] = name
+        elif kind in ("list", "set", "vector"):
+            schema = {"type": "array", "items": FieldMapping(t.parameters[0]).connect_schema(optional=False)}
+        elif kind == "map":
+            schema = {"type": "map", "keys": FieldMapping(t.parameters[0]).connect_schema(optional=False),
+                      "values": FieldMapping(t.parameters[1]).connect_schema()}
+        elif kind in ("tuple", "udt"):
+            schema = {"type": "struct", "name": _struct_name(t),
+                      "fields": [FieldMapping(p).connect_schema(field=n) for n, p in zip(_field_names(t), t.parameters)]}
+        elif kind == "duration":
+            schema = {"type": "struct", "name": "cassandra_cdc.Duration",
+                      "fields": [{"type": "int32", "optional": False, "field": "months"},
+                                 {"type": "int32", "optional": False, "field": "days"},
+                                 {"type": "int64", "optional": False, "field": "nanoseconds"}]}
+        else:
+            raise ValueError(f"no event mapping for CQL type {t.cql}")
+        schema["optional"] = optional
+        if field is not None:
+            schema["field"] = field
+        return schema
+
+    def to_connect(self, value: Any) -> Any:
+        """The value as the JSON converter writes it (bytes as base64 text)."""
+        return _convert(self.cql_type, value, bytes_as_base64=True, map_as_object=True)
+
+    # --- Avro -----------------------------------------------------------------------------------
+
+    def avro_schema(self, namespace: str) -> Any:
+        t = self.cql_type
+        kind = t.kind
+        if kind in _SIMPLE:
+            return _SIMPLE[kind][2]
+        if kind in ("list", "set", "vector"):
+            return {"type": "array", "items": FieldMapping(t.parameters[0]).avro_schema(namespace)}
+        if kind == "map":
+            value = ["null", FieldMapping(t.parameters[1]).avro_schema(namespace)]
+            if t.parameters[0].kind in ("text", "varchar", "ascii"):
+                return {"type": "map", "values": value}
+            # Avro maps have string keys only: other keys become an array of entries.
+            return {"type": "array", "items": {"type": "record", "name": _avro_name(f"{t.cql}_entry"),
+                                               "namespace": namespace,
+                                               "fields": [{"name": "key", "type": FieldMapping(t.parameters[0])
+                                                           .avro_schema(namespace)},
+                                                          {"name": "value", "type": value}]}}
+        if kind in ("tuple", "udt"):
+            return {"type": "record", "name": _avro_name(_struct_name(t)), "namespace": namespace,
+                    "fields": [{"name": _avro_name(n), "type": ["null", FieldMapping(p).avro_schema(namespace)],
+                                "default": None} for n, p in zip(_field_names(t), t.parameters)]}
+        if kind == "duration":
+            return {"type": "record", "name": "Duration", "namespace": "cassandra_cdc",
+                    "fields": [{"name": "months", "type": "int"}, {"name": "days", "type": "int"},
+                               {"name": "nanoseconds", "type": "long"}]}
+        raise ValueError(f"no event mapping for CQL type {t.cql}")
+
+    def to_avro(self, value: Any) -> Any:
+        return _convert(self.cql_type, value, bytes_as_base64=False, map_as_object=False)
+
+
+def _field_names(t: CqlType) -> list[str]:
+    if t.kind == "udt":
+        return list(t.field_names)
+    return [f"field{i + 1}" for i in range(len(t.parameters))]
+
+
+def _struct_name(t: CqlType) -> str:
+    if t.kind == "udt":
+        return f"{t.udt_keyspace}.{t.udt_name}"
+    return "tuple_" + "_".join(p.kind for p in t.parameters)
+
+
+def _avro_name(text: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return name if name and not name[0].isdigit() else "_" + name
+
+
+def _convert(t: CqlType, value: Any, bytes_as_base64: bool, map_as_object: bool) -> Any:
+    if value is None:
+        return None
+    kind = t.kind
+    if kind in _SIMPLE:
+        converted = _SIMPLE_VALUES.get(kind, lambda v: v)(value)
+        if bytes_as_base64 and isinstance(converted, bytes):
+            return base64.b64encode(converted).decode()
+        return converted
+    if kind in ("list", "set", "vector"):
+        return [_convert(t.parameters[0], v, bytes_as_base64, map_as_object) for v in value]
+    if kind == "map":
+        key_type, value_type = t.parameters
+        entries = [(_convert(key_type, k, bytes_as_base64, map_as_object),
+                    _convert(value_type, v, bytes_as_base64, map_as_object)) for k, v in value.items()]
+        string_keys = key_type.kind in ("text", "varchar", "ascii")
+        if map_as_object and string_keys:
+            return dict(entries)
+        if map_as_object:
+            return [[k, v] for k, v in entries]  # the JSON converter's form for non-string keys
+        return dict(entries) if string_keys else [{"key": k, "value": v} for k, v in entries]
+    if kind in ("tuple", "udt"):
+        names = _field_names(t)
+        values = [getattr(value, n) for n in names] if kind == "udt" and not isinstance(value, dict) \
+            else [value.get(n) for n in names] if isinstance(value, dict) else list(value)
+        return {(n if map_as_object else _avro_name(n)): _convert(p, v, bytes_as_base64, map_as_object)
+                for n, p, v in zip(names, t.parameters, values)}
+    if kind == "duration":
+        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
+    raise ValueError(f"no event mapping for CQL type {t.cql}")
