@@ -1,4 +1,4 @@
-"""Cassandra's order of serialized values and clusterings (``AbstractType.compare``, ``ClusteringComparator``).
+"""Cassandra's order of values and clusterings (``AbstractType.compare``, ``ClusteringComparator``).
 
 Range tombstones cover the clusterings between their bounds in this order, and a ``SELECT`` returns
 rows, set elements and map entries in it. The rules, per ``db/marshal`` type (Cassandra 4.x/5.0):
@@ -32,7 +32,8 @@ from ..schema.types import CqlType
 # A clustering or bound prefix: a value per clustering column (None for a null in legacy markers).
 Clustering = tuple[bytes | None, ...]
 
-_SIGNED_NUMBERS = frozenset({"int", "bigint", "smallint", "tinyint", "varint", "counter", "timestamp", "time"})
+_SIGNED_NUMBERS = frozenset({"int", "bigint", "smallint", "tinyint", "varint", "counter", "timestamp",
+                             "time"})
 _FLOATS = {"float": struct.Struct(">f"), "double": struct.Struct(">d")}
 _INT = struct.Struct(">i")
 _MASK64 = (1 << 64) - 1
@@ -95,7 +96,7 @@ def _decimal(data: bytes) -> decimal.Decimal:
 
 
 def _reorder_timestamp(msb: int) -> int:
-    """``TimeUUIDType.reorderTimestampBytes``: time_hi (with the version), time_mid, time_low; as a signed long."""
+    """``TimeUUIDType.reorderTimestampBytes``: time_hi (with the version), time_mid, time_low, signed."""
     reordered = ((msb << 48) & _MASK64) | ((msb << 16) & 0xFFFF00000000) | (msb >> 32)
     return reordered - (1 << 64) if reordered >> 63 else reordered
 
@@ -111,7 +112,8 @@ def _compare_timeuuids(left: bytes, right: bytes) -> int:
     lengths = _uuid_lengths(left, right)
     if lengths is not None:
         return lengths
-    c = _cmp(_reorder_timestamp(int.from_bytes(left[:8], "big")), _reorder_timestamp(int.from_bytes(right[:8], "big")))
+    c = _cmp(_reorder_timestamp(int.from_bytes(left[:8], "big")),
+             _reorder_timestamp(int.from_bytes(right[:8], "big")))
     if c:
         return c
     return _cmp(_signed_bytes(left[8:]), _signed_bytes(right[8:]))

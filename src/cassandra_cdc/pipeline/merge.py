@@ -32,8 +32,9 @@ from ..commitlog.rows import Row
 from ..schema.model import TableMetadata
 from .clustering import Clustering
 from .rows import STATIC_CLUSTERING, RawRow, RawValues, TableView, table_view
-from .state import (NO_TIMESTAMP, CellState, Deletion, PartitionState, Range, RowState, cell_state, deleted_at,
-                    deletion_of, liveness_of, max_deletion, merge_counter, merge_liveness, reconcile)
+from .state import (NO_TIMESTAMP, CellState, Deletion, PartitionState, Range, RowState, cell_state,
+                    deleted_at, deletion_of, liveness_of, max_deletion, merge_counter, merge_liveness,
+                    reconcile)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +89,8 @@ def next_expiry(state: PartitionState) -> int | None:
     return state.next_event
 
 
-def visible_rows(state: PartitionState, table: TableMetadata, now_seconds: int) -> dict[Clustering, dict[str, Any]]:
+def visible_rows(state: PartitionState, table: TableMetadata,
+                 now_seconds: int) -> dict[Clustering, dict[str, Any]]:
     """The partition's rows as ``SELECT`` shows them at ``now_seconds`` (not before the state's clock)."""
     view = table_view(table)
     if state.key is None:
@@ -96,18 +98,19 @@ def visible_rows(state: PartitionState, table: TableMetadata, now_seconds: int) 
     now = now_seconds if state.clock is None else max(now_seconds, state.clock)
     raw = _raw_rows(state, view, state.rows.keys(), now)
     key_values = view.partition_key_values(state.key)
-    return {c: view.decode_row(key_values, c, raw[c]) for c in sorted(raw, key=view.clustering_sort_key)}  # type: ignore[misc]
+    ordered = sorted(raw, key=view.clustering_sort_key)
+    return {c: view.decode_row(key_values, c, raw[c]) for c in ordered}  # type: ignore[misc]
 
 
 # --- transitions --------------------------------------------------------------------------------------
 
-def _raw_rows(state: PartitionState, view: TableView, clusterings: Iterable[Clustering], now: int,
-              values: dict[Clustering, RawValues | None] | None = None) -> dict[Clustering, RawRow]:
-    """The visible raw rows of a whole partition (``values``: row values already computed)."""
+def _raw_rows(state: PartitionState, view: TableView, clusterings: Iterable[Clustering],
+              now: int) -> dict[Clustering, RawRow]:
+    """The visible raw rows of a whole partition."""
     static_live, static_values = view.static_values(state, now)
     rows: dict[Clustering, RawRow] = {}
     for clustering in clusterings:
-        row_values = values[clustering] if values is not None else view.row_values(state, clustering, now)
+        row_values = view.row_values(state, clustering, now)
         if row_values is not None:
             rows[clustering] = (row_values, static_values)
     if static_live and not rows:
@@ -141,7 +144,8 @@ def _transitions(state: PartitionState, view: TableView, before: _Snapshot, afte
     def any_other_live() -> bool:
         nonlocal others_live
         if others_live is None:
-            others_live = any(view.row_is_live(state, c, row, now) for c, row in state.rows.items() if c not in scope)
+            others_live = any(view.row_is_live(state, c, row, now)
+                              for c, row in state.rows.items() if c not in scope)
         return others_live
 
     raw_before: dict[Clustering, RawRow | None] = {}
@@ -164,7 +168,8 @@ def _transitions(state: PartitionState, view: TableView, before: _Snapshot, afte
         return []
     assert state.key is not None
     key_values = view.partition_key_values(state.key)
-    return [RowChange(c, view.decode_row(key_values, c, raw_before.get(c)), view.decode_row(key_values, c, raw_after.get(c)))
+    return [RowChange(c, view.decode_row(key_values, c, raw_before.get(c)),
+                      view.decode_row(key_values, c, raw_after.get(c)))
             for c in sorted(changed, key=view.clustering_sort_key)]
 
 
@@ -182,7 +187,8 @@ def _advance(state: PartitionState, view: TableView, now: int) -> list[RowChange
 
     # Static values that expire change every row: ``_transitions`` sees that from the static values.
     scope = [c for c, row in state.rows.items() if expires_between(row)]
-    changes = _transitions(state, view, _Snapshot(state, view, scope, then), _Snapshot(state, view, scope, now), now)
+    before, after = _Snapshot(state, view, scope, then), _Snapshot(state, view, scope, now)
+    changes = _transitions(state, view, before, after, now)
     _purge(state, view, None, now, gc=True)
     state.next_event = _next_event(state, view, now)
     return changes
@@ -202,8 +208,8 @@ class _Merge:
     def run(self) -> list[RowChange]:
         state, view, update, now = self.state, self.view, self.update, self.now
         partition_deletion = deletion_of(update.partition_deletion)
-        if partition_deletion is not None and max_deletion(state.deletion, partition_deletion) == state.deletion:
-            partition_deletion = None
+        if max_deletion(state.deletion, partition_deletion) == state.deletion:
+            partition_deletion = None  # none, or not newer than the partition's
         ranges = [r for r in _ranges_of(update) if self._range_changes(r)]
         rows = [u for u in update.unfiltereds if isinstance(u, Row)]
 
@@ -225,7 +231,7 @@ class _Merge:
         if update.static_row is not None:
             state.static = self._merge_row(state.static, update.static_row)
         for row in rows:
-            state.rows[row.clustering] = self._merge_row(state.rows.get(row.clustering), row)  # type: ignore[assignment]
+            state.rows[row.clustering] = self._merge_row(state.rows.get(row.clustering), row)
         after = _Snapshot(state, view, scope, now)
         changes = _transitions(state, view, before, after, now)
         _purge(state, view, None if partition_deletion is not None or ranges else scope, now)
@@ -251,7 +257,7 @@ class _Merge:
 
     # --- rows -------------------------------------------------------------------------------------
 
-    def _merge_row(self, target: RowState | None, row: Row) -> RowState | None:
+    def _merge_row(self, target: RowState | None, row: Row) -> RowState:
         state, view = self.state, self.view
         if target is None:
             target = RowState()
@@ -323,14 +329,16 @@ def _ranges_of(update: PartitionUpdate) -> list[Range]:
         kind = marker.kind
         if kind.closes:
             if opened is None:
-                raise ValueError(f"range tombstone marker {kind.name} at {marker.clustering} closes no open range")
+                raise ValueError(f"range tombstone marker {kind.name} at {marker.clustering} "
+                                 "closes no open range")
             start, start_inclusive, deletion = opened
             ranges.append((start, start_inclusive, tuple(marker.clustering), kind.closes_inclusive, deletion))
             opened = None
         if kind.opens:
             deletion = deletion_of(marker.open_deletion)
             if deletion is None:
-                raise ValueError(f"range tombstone marker {kind.name} at {marker.clustering} lacks its deletion")
+                raise ValueError(f"range tombstone marker {kind.name} at {marker.clustering} "
+                                 "lacks its deletion")
             opened = (tuple(marker.clustering), kind.opens_inclusive, deletion)
     if opened is not None:
         raise ValueError(f"range tombstone opened at {opened[0]} is never closed")

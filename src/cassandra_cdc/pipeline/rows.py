@@ -41,7 +41,7 @@ class TableView:
         self.comparator = ClusteringComparator(table.clustering)
         self.clustering_sort_key = self.comparator.sort_key()
         hidden = {c.name for c in table.hidden_columns}
-        self.regulars: tuple[ColumnMetadata, ...] = tuple(c for c in table.regular_and_static if not c.is_static)
+        self.regulars = tuple(c for c in table.regular_and_static if not c.is_static)
         self.statics: tuple[ColumnMetadata, ...] = tuple(c for c in table.regular_and_static if c.is_static)
         self.current = {c.name: c for c in table.regular_and_static}
         self.dropped = {c.name: c.dropped_time for c in table.dropped if c.dropped_time is not None}
@@ -79,12 +79,11 @@ class TableView:
         row = state.rows.get(clustering)
         if row is None:
             return None
-        return self._values(row, self.regulars, self.row_deletion(state, clustering, row), now, require_live=True)
+        deleted = self.row_deletion(state, clustering, row)
+        return self._values(row, self.regulars, deleted, now, require_live=True)
 
     def row_is_live(self, state: PartitionState, clustering: Clustering, row: RowState, now: int) -> bool:
         deleted = self.row_deletion(state, clustering, row)
-        if liveness_is_live(row.liveness, deleted, now):
-            return True
         return self._values(row, self.regulars, deleted, now, require_live=True) is not None
 
     def static_values(self, state: PartitionState, now: int) -> tuple[bool, RawValues]:
@@ -138,9 +137,11 @@ class TableView:
 
     def partition_key_values(self, key: bytes) -> dict[str, Any]:
         table = self.table
-        return {c.name: decode_value(c.type, v) for c, v in zip(table.partition_key, table.split_partition_key(key))}
+        values = table.split_partition_key(key)
+        return {c.name: decode_value(c.type, v) for c, v in zip(table.partition_key, values)}
 
-    def decode_row(self, key_values: dict[str, Any], clustering: Clustering, raw: RawRow | None) -> dict[str, Any] | None:
+    def decode_row(self, key_values: dict[str, Any], clustering: Clustering,
+                   raw: RawRow | None) -> dict[str, Any] | None:
         if raw is None:
             return None
         values, static_values = raw
@@ -150,7 +151,9 @@ class TableView:
             if column.name not in hidden:
                 value = clustering[column.position] if clustering else None
                 row[column.name] = None if value is None else decode_value(column.type, value)
-        for column, value in zip(self.regulars, values if values is not None else (None,) * len(self.regulars)):
+        if values is None:
+            values = (None,) * len(self.regulars)
+        for column, value in zip(self.regulars, values):
             if column.name not in hidden:
                 row[column.name] = self._decode_column(column, value)
         for column, value in zip(self.statics, static_values):

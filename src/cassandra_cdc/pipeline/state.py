@@ -212,9 +212,10 @@ class PartitionState:
 
     __slots__ = ("key", "deletion", "ranges", "static", "rows", "clock", "next_event", "digests")
 
-    def __init__(self, key: bytes | None = None, deletion: Deletion | None = None, ranges: list[Range] | None = None,
-                 static: RowState | None = None, rows: dict[Clustering, RowState] | None = None,
-                 clock: int | None = None, next_event: int | None = None, digests: tuple[bytes, ...] = ()) -> None:
+    def __init__(self, key: bytes | None = None, deletion: Deletion | None = None,
+                 ranges: list[Range] | None = None, static: RowState | None = None,
+                 rows: dict[Clustering, RowState] | None = None, clock: int | None = None,
+                 next_event: int | None = None, digests: tuple[bytes, ...] = ()) -> None:
         self.key = key
         self.deletion = deletion
         self.ranges: list[Range] = ranges or []
