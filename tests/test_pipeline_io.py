@@ -292,7 +292,8 @@ def test_transactional_sink_aborts_a_failed_task(spark, broker):
     failing = CrashBeforeCommit(broker.bootstrap_servers, "abort-commits", "test-abort")
     with pytest.raises(Exception, match="crashes before committing"):
         failing.write_batch(events(spark, output, 300), 0)
-    assert len(read_topic(broker, output, "read_uncommitted")) == 300  # produced, then aborted
+    # Produced, then aborted. (When the first task fails, Spark may cancel the other before it writes.)
+    assert len(read_topic(broker, output, "read_uncommitted")) in (150, 300)
     assert read_topic(broker, output) == []
     assert read_topic(broker, "abort-commits") == []
 
