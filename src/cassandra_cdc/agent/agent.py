@@ -20,8 +20,9 @@ import threading
 import time
 import uuid
 from collections import deque
+from typing import Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from ..commitlog import Damage, KeyStore, SegmentReader, UnknownTableError
 from ..commitlog.errors import CommitLogError, MutationDecodeError
@@ -41,6 +42,10 @@ from .tables import TableRegistry
 log = logging.getLogger(__name__)
 
 SHUTDOWN_FLUSH_SECONDS = 30.0
+# At startup, one attempt to reach Kafka (list and create topics) lasts this long; then it is tried again.
+STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
+# Errors that mean Kafka cannot be reached (yet): wait for it, as while publishing.
+UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 SPACE_CHECK_SECONDS = 1.0
 
 
@@ -58,6 +63,7 @@ class SegmentProgress:
         self.read_all = completed
         self.index_offset: int | None = None
         self.changed_at = time.monotonic()
+        self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
         self._in_flight: deque[list[int]] = deque()
 
     def add(self, position: int, records: int) -> list[int]:
@@ -87,7 +93,11 @@ class Agent:
                                    config.kafka.producer, on_reachability=self._kafka_reachability)
         self.notifier = ChangeNotifier(config.cdc_raw)
         self._progress: dict[int, SegmentProgress] = {}
-        self._schemas_published: dict[uuid.UUID, str] = {}
+        # Per table id: the metadata object last checked and the schema version published for it.
+        self._schemas_published: dict[uuid.UUID, tuple[TableMetadata, str]] = {}
+        # Per table id: (the metadata object, its mutations-read counter, its records-published counter or None
+        # when the table is not published), so that nothing is looked up or matched per record.
+        self._tables: dict[uuid.UUID, tuple[TableMetadata, Any, Any]] = {}
         self._stopping = threading.Event()
         self._last_flush = self._last_space_check = 0.0
         self._space_warned = False
@@ -105,11 +115,8 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         self.metrics.serve(self.config.metrics.host, self.config.metrics.port)
-        self.publisher.ensure_topics({
-            self.config.raw_topic: (self.config.kafka.raw_topic_partitions, False),
-            self.config.schema_topic: (1, True),
-            self.config.errors_topic: (1, False),
-        })
+        if not self._ensure_topics():
+            return 0  # stopped while waiting for Kafka: nothing was read
         log.info("agent %s tailing %s into %s", self.config.node_id, self.config.cdc_raw, self.config.raw_topic)
         self.notifier.start()
         try:
@@ -128,6 +135,29 @@ class Agent:
                 log.info("agent stopped; everything read is acknowledged")
         return 0
 
+    def _ensure_topics(self) -> bool:
+        """Create missing topics, waiting while Kafka is unreachable; False if stopped meanwhile."""
+        waiting = False
+        while not self._stopping.is_set():
+            try:
+                self.publisher.ensure_topics({
+                    self.config.raw_topic: (self.config.kafka.raw_topic_partitions, False),
+                    self.config.schema_topic: (1, True),
+                    self.config.errors_topic: (1, False),
+                }, timeout=STARTUP_KAFKA_TIMEOUT_SECONDS)
+            except KafkaException as error:
+                if error.args[0].code() not in UNREACHABLE:
+                    raise
+                if not waiting:
+                    waiting = True
+                    self._kafka_reachability(False)
+                self._stopping.wait(1.0)
+                continue
+            if waiting:
+                self._kafka_reachability(True)
+            return True
+        return False
+
     def _wait_for_change(self) -> None:
         deadline = time.monotonic() + self.config.poll_interval_ms / 1000
         while not self._stopping.is_set() and time.monotonic() < deadline:
@@ -139,6 +169,7 @@ class Agent:
         """One pass over cdc_raw; return whether anything new was read."""
         progressed = False
         segments = list_segments(self.config.cdc_raw)
+        self._forget_vanished(segments)
         for index, segment in enumerate(segments):
             if self._stopping.is_set():
                 break
@@ -149,7 +180,9 @@ class Agent:
                 continue
             extent = self._readable_extent(progress, segments[index + 1:])
             if extent is None:
-                continue
+                if segment.index_path.exists():
+                    break  # its idx was caught mid-rewrite: nothing newer before it is read again
+                continue  # 4.0+ segment without CDC data (yet): newer segments do not wait for it
             limit, final = extent
             if limit is None or limit > progress.read_position:
                 progressed |= self._read(progress, limit, final)
@@ -159,6 +192,18 @@ class Agent:
                 break  # newer segments wait until this one is complete: per-partition order
         self._housekeeping()
         return progressed
+
+    def _forget_vanished(self, segments: list[CdcSegment]) -> None:
+        """Drop the state of segments no longer in cdc_raw (4.0+ removes the links of segments that never held
+        CDC data), so that neither memory nor the state file grows with every segment the node writes."""
+        listed = {segment.segment_id for segment in segments}
+        for segment_id in self._progress.keys() - listed:
+            progress = self._progress.pop(segment_id)
+            if progress.index_offset is not None and not progress.done:
+                log.error("%s was removed from cdc_raw before it was completely published (acknowledged up to "
+                          "%d of %d)", progress.segment.path.name, progress.acknowledged, progress.index_offset)
+        for segment_id in self.positions.segments.keys() - listed:
+            self.positions.forget(segment_id)
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -198,7 +243,16 @@ class Agent:
     def _read(self, progress: SegmentProgress, limit: int | None, final: bool) -> bool:
         segment = progress.segment
         read_any = False
-        on_damage = functools.partial(self._dead_letter, progress)
+        start = progress.read_position
+
+        def on_damage(damage: Damage) -> None:
+            # Each read of a live segment walks its sections from the first one again, so it meets the damage of
+            # the sections read before once more: dead-letter each damage once (before ``start``: done already).
+            where = _damage_position(damage)
+            if where < start or (damage.kind, where) in progress.reported:
+                return
+            progress.reported.add((damage.kind, where))
+            self._dead_letter(progress, damage)
         try:
             reader = SegmentReader(segment.path, self.keystore, start=progress.read_position, limit=limit,
                                    on_damage=on_damage)
@@ -236,21 +290,23 @@ class Agent:
             self._dead_letter(progress, Damage(str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION,
                                                str(error), entry.section_offset, 0, entry.start, entry.body))
             return
-        published: list[tuple[TableMetadata, bytes]] = []
+        published: list[tuple[TableMetadata, bytes, Any]] = []
         for table_id, update in updates:
             table = self.tables.lookup(table_id)
             if table is None:
                 self._skip(progress, entry)  # Cassandra drops the whole mutation
                 return
-            self.metrics.mutations_read.labels(table.qualified_name).inc()
-            if self.tables.is_published(table):
-                published.append((table, update))
+            _, read, acknowledged = self._table_state(table)
+            read.inc()
+            if acknowledged is not None:
+                published.append((table, update, acknowledged))
         slot = progress.add(entry.position, len(published))
-        for table, update in published:
+        now = time.monotonic()
+        for table, update, acknowledged in published:
             self._ensure_schema_published(table)
             record = RawRecord(self.config.node_id, progress.segment.segment_id, entry.position, version,
                                peek_min_timestamp(update) or 0, update)
-            acknowledge = functools.partial(self._acknowledged, progress, slot, table.qualified_name, time.monotonic())
+            acknowledge = functools.partial(self._acknowledged, progress, slot, acknowledged, now)
             if not self.publisher.publish(self.config.raw_topic, record_key(update), record.encode(), acknowledge,
                                           self._while_blocked):
                 return
@@ -259,18 +315,33 @@ class Agent:
         self.metrics.skipped.inc()
         progress.add(entry.position, 0)
 
-    def _acknowledged(self, progress: SegmentProgress, slot: list[int], table: str, produced_at: float,
+    def _table_state(self, table: TableMetadata) -> tuple[TableMetadata, Any, Any]:
+        """(table, mutations-read counter, records-published counter or None if not published), cached per
+        metadata object: ``labels()`` and the include/exclude patterns cost microseconds per call."""
+        state = self._tables.get(table.id)
+        if state is None or state[0] is not table:
+            name = table.qualified_name
+            published = self.metrics.records_published.labels(name) if self.tables.is_published(table) else None
+            state = (table, self.metrics.mutations_read.labels(name), published)
+            self._tables[table.id] = state
+        return state
+
+    def _acknowledged(self, progress: SegmentProgress, slot: list[int], counter: Any, produced_at: float,
                       error: KafkaError | None, _message: Message) -> None:
         if self.publisher.check(error):
             slot[1] -= 1
             progress.advance()
-            self.metrics.records_published.labels(table).inc()
+            counter.inc()
             self.metrics.delivery_latency.observe(time.monotonic() - produced_at)
 
     def _ensure_schema_published(self, table: TableMetadata) -> None:
         """Publish (and wait for) the table's schema before its first record or after it changed."""
+        published = self._schemas_published.get(table.id)
+        if published is not None and published[0] is table:
+            return  # checked for this metadata object already (hashing the definition per record is costly)
         version = table.version_hash()
-        if self._schemas_published.get(table.id) == version:
+        if published is not None and published[1] == version:
+            self._schemas_published[table.id] = (table, version)  # reloaded, unchanged
             return
         record = SchemaRecord.of(table, self.config.node_id)
         delivered: list[KafkaError | None] = []
@@ -279,7 +350,7 @@ class Agent:
         while not delivered and not self._stopping.is_set():
             self.publisher.poll(0.05)
         if delivered and self.publisher.check(delivered[0]):
-            self._schemas_published[table.id] = version
+            self._schemas_published[table.id] = (table, version)
             log.info("published the schema of %s (version %s)", table.qualified_name, version)
 
     # --- damage -----------------------------------------------------------------------------------
@@ -289,18 +360,19 @@ class Agent:
         self.metrics.errors.labels(damage.kind.name.lower()).inc()
         log.error("%s", damage)
         segment = progress.segment
-        where = damage.position if damage.position is not None else damage.file_offset
+        where = _damage_position(damage)
         report = {"node": self.config.node_id, "segment": segment.path.name, "segment_id": segment.segment_id,
                   "section": damage.section, "file_offset": damage.file_offset, "position": damage.position,
                   "kind": damage.kind.name, "reason": f"{damage.kind.value}: {damage.detail}",
                   "raw": base64.b64encode(damage.raw).decode()}
-        stem = self.config.quarantine / f"{segment.path.name}@{where}"
-        stem.with_suffix(".json").write_text(json.dumps(report, indent=1))
+        stem = f"{segment.path.name}@{where}"
+        (self.config.quarantine / f"{stem}.json").write_text(json.dumps(report, indent=1))
         if damage.raw:
-            stem.with_suffix(".bin").write_bytes(damage.raw)
+            (self.config.quarantine / f"{stem}.bin").write_bytes(damage.raw)
         slot = progress.add(where, 1)
-        acknowledge = functools.partial(self._acknowledged, progress, slot, "errors", time.monotonic())
-        self.publisher.publish(self.config.errors_topic, f"{segment.path.name}@{where}".encode(),
+        acknowledge = functools.partial(self._acknowledged, progress, slot,
+                                        self.metrics.records_published.labels("errors"), time.monotonic())
+        self.publisher.publish(self.config.errors_topic, stem.encode(),
                                json.dumps(report).encode(), acknowledge, self._while_blocked)
 
     # --- housekeeping -----------------------------------------------------------------------------
@@ -361,7 +433,9 @@ class Agent:
         cleanup = self.config.cleanup
         if cleanup.mode == "keep":
             return
-        files = [p for p in (segment.path, segment.index_path) if p.exists()]
+        # The idx first: a crash between the two leaves the segment, which the restarted agent finishes cleaning up
+        # (its saved position says completed), rather than an idx nothing would ever remove.
+        files = [p for p in (segment.index_path, segment.path) if p.exists()]
         if cleanup.mode == "archive":
             assert cleanup.archive_dir is not None
             cleanup.archive_dir.mkdir(parents=True, exist_ok=True)
@@ -384,6 +458,11 @@ class Agent:
         self.positions.forget(segment.segment_id)
         self.positions.save()
         del self._progress[segment.segment_id]
+
+
+def _damage_position(damage: Damage) -> int:
+    """Where a damage is, as a position in the segment (the file offset when it has no logical position)."""
+    return damage.position if damage.position is not None else damage.file_offset
 
 
 def _keystore(config: AgentConfig) -> KeyStore:

@@ -119,6 +119,13 @@ class AgentConfig(_Section):
             raise ValueError("use letters, digits, '.', '_' and '-' only (it prefixes Kafka topic names)")
         return value
 
+    @field_validator("cdc_raw")
+    @classmethod
+    def _existing_directory(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"{value} is not a directory (Cassandra's cdc_raw_directory)")
+        return value
+
     @property
     def raw_topic(self) -> str:
         return self.kafka.raw_topic or f"{self.server}.raw"

@@ -1,0 +1,1049 @@
+"""The agent against a real broker and real segments: what reaches Kafka is exactly what the node wrote.
+
+One ``noida-db`` broker serves the whole module; every test gets its own topics (``server=``). A
+``SimulatedNode`` writes segments, ``_cdc.idx`` files and ``cdc_raw`` as Cassandra 3.x / 4.x do, and
+records, per mutation, the (segment, position, table) the agent must publish and the exact partition
+update bytes. The tests consume the topics and compare: every expected change present, nothing else,
+duplicates only after ``kill -9``. The agent runs in a thread (``Agent.run``/``stop``) or, for
+``kill -9`` and SIGTERM, as the ``cassandra-cdc`` command.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import gc
+import json
+import logging
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from typer.testing import CliRunner
+
+import cassandra_cdc.agent.agent as agent_module
+import cassandra_cdc.agent.tables as tables_module
+from cassandra_cdc.agent import Agent, AgentConfig, ConfigError, load_config
+from cassandra_cdc.agent.state import STATE_FILE
+from cassandra_cdc.cli.main import app
+from cassandra_cdc.commitlog import Mutation, PartitionUpdateSerializer
+from cassandra_cdc.commitlog.io import DataInput, DataOutput
+from cassandra_cdc.schema import Schema, parse_schema
+from cassandra_cdc.simulator import EmbeddedBroker, Insert, SimulatedNode, Workload, to_mutation
+from cassandra_cdc.topics.raw import RawRecord, record_key
+from cassandra_cdc.topics.schemas import SchemaRecord
+
+SCHEMA_CQL = """
+CREATE TABLE ks.users (id int PRIMARY KEY, name text, age int, emails set<text>, prefs map<text, int>)
+    WITH cdc = true;
+CREATE TABLE ks.events (pk int, ck int, v text, s int static, PRIMARY KEY (pk, ck)) WITH cdc = true;
+CREATE TABLE ks.audit (id int PRIMARY KEY, v text);
+CREATE TABLE other.logs (id int PRIMARY KEY, line text) WITH cdc = true;
+"""
+# A CDC table the node has but the agent's schema file does not (created after the agent started).
+LATE_CQL = "CREATE TABLE ks.late (id int PRIMARY KEY, v text) WITH cdc = true;\n"
+SCHEMA = parse_schema(SCHEMA_CQL)
+NODE_SCHEMA = parse_schema(SCHEMA_CQL + LATE_CQL)
+CLI = Path(sys.executable).parent / "cassandra-cdc"
+FIRST_SEGMENT = 1000
+DEADLINE = 60.0  # seconds: generous upper bounds for things that normally take well under one
+
+Key = tuple[int, int, uuid.UUID]  # (segment id, position, table id) of one expected raw record
+
+
+# --- broker, topics -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
+        yield running
+        gc.collect()  # destroy the agents' producers before their broker goes away (else they log retries)
+
+
+def wait_until(condition: Callable[[], Any], what: str, timeout: float = DEADLINE, step: float = 0.02) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(step)
+
+
+class TopicReader:
+    """Every message of a topic from the beginning, accumulated as it arrives."""
+
+    def __init__(self, broker: EmbeddedBroker, topic: str) -> None:
+        self.topic = topic
+        self.consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"test-{uuid.uuid4()}",
+                                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+        partitions = wait_until(lambda: self._partitions(), f"topic {topic}")
+        self.consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        self.messages: list[Any] = []
+        self._closed = False
+
+    def _partitions(self) -> list[int]:
+        metadata = self.consumer.list_topics(self.topic, timeout=5).topics.get(self.topic)
+        if metadata is None or metadata.error is not None or not metadata.partitions:
+            return []
+        return sorted(metadata.partitions)
+
+    def poll(self, timeout: float = 0.05) -> int:
+        batch = self.consumer.consume(10_000, timeout)
+        for message in batch:
+            if message.error() is not None and message.error().code() != KafkaError._PARTITION_EOF:
+                raise AssertionError(f"consuming {self.topic}: {message.error()}")
+        batch = [m for m in batch if m.error() is None]
+        self.messages.extend(batch)
+        self._received(batch)
+        return len(batch)
+
+    def _received(self, batch: list[Any]) -> None:
+        pass
+
+    def wait_for(self, condition: Callable[[], Any], what: str, timeout: float = DEADLINE) -> Any:
+        return wait_until(lambda: self.poll() >= 0 and condition(), what, timeout, step=0)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.consumer.close()
+
+
+class RawReader(TopicReader):
+    """The raw topic, decoded; checks every record's key and that its update decodes with the schema."""
+
+    def __init__(self, broker: EmbeddedBroker, topic: str) -> None:
+        self.records: list[RawRecord] = []
+        self.arrival: dict[Key, float] = {}
+        self.by_partition: dict[int, list[RawRecord]] = collections.defaultdict(list)
+        super().__init__(broker, topic)
+
+    def _received(self, batch: list[Any]) -> None:
+        now = time.monotonic()
+        for message in batch:
+            record = RawRecord.decode(message.value())
+            assert message.key() == record_key(record.update)
+            self.records.append(record)
+            self.by_partition[message.partition()].append(record)
+            self.arrival.setdefault(key_of(record), now)
+
+    def keys(self) -> collections.Counter[Key]:
+        return collections.Counter(key_of(r) for r in self.records)
+
+    def has_all(self, expected: dict[Key, bytes]) -> bool:
+        return expected.keys() <= self.arrival.keys()
+
+
+def key_of(record: RawRecord) -> Key:
+    return record.segment_id, record.position, record.table_id
+
+
+def assert_published_exactly(reader: RawReader, expected: dict[Key, bytes], *, duplicates: bool = False,
+                             schema: Schema = SCHEMA) -> None:
+    """Every expected change is on the raw topic with its exact bytes, nothing else; no copy unless allowed."""
+    seen = reader.keys()
+    missing = sorted(expected.keys() - seen.keys())
+    assert not missing, f"{len(missing)} of {len(expected)} changes missing from Kafka, first {missing[:5]}"
+    unexpected = sorted(seen.keys() - expected.keys())
+    assert not unexpected, f"{len(unexpected)} records published that should not be, first {unexpected[:5]}"
+    for record in reader.records:
+        assert record.update == expected[key_of(record)]
+        update = PartitionUpdateSerializer.deserialize(DataInput(record.update), schema, record.commitlog_version)
+        assert update.table.cdc
+    if not duplicates:
+        copies = [k for k, n in seen.items() if n > 1]
+        assert not copies, f"{len(copies)} changes published more than once, first {copies[:5]}"
+
+
+def assert_node_order(reader: RawReader) -> None:
+    """In each Kafka partition, one node's records come in the order it wrote them."""
+    for partition, records in reader.by_partition.items():
+        positions = [(r.segment_id, r.position) for r in records]
+        assert positions == sorted(positions), f"partition {partition} is out of order"
+
+
+# --- a node, its agent's configuration, and what must reach Kafka ---------------------------------------
+
+class Harness:
+    """A simulated node, the agent settings for it, and the raw records the agent must publish."""
+
+    def __init__(self, root: Path, broker: EmbeddedBroker, version: str = "4.1", *,
+                 published: set[str] | None = None, node_schema: Schema = SCHEMA, seed: int = 1,
+                 **node_options: Any) -> None:
+        self.root = root
+        self.broker = broker
+        self.server = f"t{uuid.uuid4().hex[:10]}"
+        self.schema_file = root / "schema.cql"
+        self.schema_file.write_text(SCHEMA_CQL)
+        self.state_dir = root / "state"
+        node_options.setdefault("segment_size", 128 * 1024)
+        self.node = SimulatedNode(root / "node", "node1", node_schema, version, first_segment_id=FIRST_SEGMENT,
+                                  **node_options)
+        self.published = published if published is not None else {"ks.users", "ks.events", "other.logs"}
+        self.workload = Workload(node_schema, seed=seed, keys=30,
+                                 tables=["ks.users", "ks.events", "ks.audit", "other.logs"])
+        self.expected: dict[Key, bytes] = {}
+        self.writes = 0
+        self._readers: list[TopicReader] = []
+
+    @property
+    def cdc_raw(self) -> Path:
+        return self.node.cdc_raw_dir
+
+    @property
+    def raw_topic(self) -> str:
+        return f"{self.server}.raw"
+
+    def settings(self, **overrides: Any) -> dict[str, Any]:
+        settings: dict[str, Any] = {
+            "server": self.server, "node_id": "node1", "cdc_raw": str(self.cdc_raw), "state_dir": str(self.state_dir),
+            "schema": {"file": str(self.schema_file)},
+            "kafka": {"bootstrap_servers": self.broker.bootstrap_servers, "raw_topic_partitions": 3},
+            "metrics": {"port": 0}, "poll_interval_ms": 200, "state_flush_ms": 50,
+        }
+        for dotted, value in overrides.items():
+            node = settings
+            *parents, leaf = dotted.split("__")
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = value
+        return settings
+
+    def config(self, **overrides: Any) -> AgentConfig:
+        """Settings as an AgentConfig; ``a__b=v`` sets the nested option ``a.b``."""
+        return AgentConfig.model_validate(self.settings(**overrides))
+
+    def config_file(self, **overrides: Any) -> Path:
+        path = self.root / "agent.yaml"
+        path.write_text(yaml.safe_dump(self.settings(**overrides)))
+        return path
+
+    # --- writing ----------------------------------------------------------------------------------
+
+    def write(self, count: int, sync_every: int | None = 25) -> None:
+        for _ in range(count):
+            self.write_mutation(to_mutation(self.workload.next(), self.node.schema))
+            if sync_every and self.writes % sync_every == 0:
+                self.node.sync()
+
+    def write_mutation(self, mutation: Mutation) -> tuple[int, int]:
+        segment, position = self.node.write(mutation)
+        self.writes += 1
+        for update in mutation.updates:
+            if update.table.cdc and update.table.qualified_name in self.published:
+                out = DataOutput()
+                PartitionUpdateSerializer.serialize(update, out, self.node.version)
+                self.expected[(segment, position, update.table.id)] = bytes(out)
+        return segment, position
+
+    def insert(self, table: str, **values: Any) -> tuple[int, int]:
+        op = Insert(table, values, timestamp=self.workload.clock.tick())
+        return self.write_mutation(to_mutation(op, self.node.schema))
+
+    def segment_files(self) -> list[str]:
+        return sorted(p.name for p in self.cdc_raw.iterdir())
+
+    def raw_reader(self) -> RawReader:
+        reader = RawReader(self.broker, self.raw_topic)
+        self._readers.append(reader)
+        return reader
+
+    def reader(self, topic: str) -> TopicReader:
+        reader = TopicReader(self.broker, topic)
+        self._readers.append(reader)
+        return reader
+
+    def close(self) -> None:
+        for reader in self._readers:
+            reader.close()
+        self._readers.clear()
+
+
+MakeHarness = Callable[..., Harness]
+
+
+@pytest.fixture
+def harness(tmp_path: Path, broker: EmbeddedBroker) -> Iterator[MakeHarness]:
+    """Makes Harnesses (version, options) in tmp_path; closes their consumers after the test."""
+    made: list[Harness] = []
+
+    def make(version: str = "4.1", **options: Any) -> Harness:
+        made.append(Harness(tmp_path, broker, version, **options))
+        return made[-1]
+    yield make
+    for h in made:
+        h.close()
+
+
+@contextlib.contextmanager
+def running(config: AgentConfig, prepare: Callable[[Agent], None] | None = None) -> Iterator[Agent]:
+    """The agent running in a thread; stopped (as on SIGTERM) on exit, which must succeed with status 0."""
+    agent = Agent(config)
+    if prepare is not None:
+        prepare(agent)
+    outcome: dict[str, Any] = {}
+
+    def main() -> None:
+        try:
+            outcome["status"] = agent.run()
+        except BaseException as error:  # reported by the test thread
+            outcome["error"] = error
+
+    thread = threading.Thread(target=main, name="agent", daemon=True)
+    thread.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
+        thread.join(DEADLINE)
+    assert not thread.is_alive(), "the agent did not stop"
+    if "error" in outcome:
+        raise outcome["error"]
+    assert outcome["status"] == 0
+
+
+class AgentProcess:
+    """``cassandra-cdc agent --config FILE`` as a separate process, its output in a log file."""
+
+    def __init__(self, config_file: Path, log: Path) -> None:
+        self.log_path = log
+        self._log = open(log, "ab")
+        self.process = subprocess.Popen([str(CLI), "agent", "--config", str(config_file)], stdin=subprocess.DEVNULL,
+                                        stdout=self._log, stderr=subprocess.STDOUT)
+
+    def kill(self) -> None:
+        self.process.kill()  # SIGKILL: no flush, no state save
+        self.process.wait(DEADLINE)
+        self._log.close()
+
+    def terminate(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        status = self.process.wait(DEADLINE)
+        self._log.close()
+        return status
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def __enter__(self) -> AgentProcess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.process.poll() is None:
+            self.kill()
+
+
+def saved_positions(state_dir: Path) -> dict[int, dict[str, Any]]:
+    path = state_dir / STATE_FILE
+    if not path.exists():
+        return {}
+    return {int(k): v for k, v in json.loads(path.read_text())["segments"].items()}
+
+
+def metric(agent: Agent, name: str, **labels: str) -> float:
+    value = agent.metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+# --- live tailing -----------------------------------------------------------------------------------------
+
+def test_live_tailing_publishes_every_change_in_order_with_schemas_first(harness: MakeHarness) -> None:
+    """4.1 node written while the agent runs: growing idx, rollover, COMPLETED, non-CDC and excluded tables.
+
+    Every change of a published table arrives exactly once with its exact bytes, in the node's order per
+    Kafka partition; a table's schema is acknowledged before its first raw record is produced; new data is
+    published soon after the idx changes; completed segments are deleted, the live one is kept.
+    """
+    h = harness(published={"ks.users", "ks.events"}, segment_size=32 * 1024)
+    events: list[tuple[str, str, bytes]] = []
+
+    def spy(agent: Agent) -> None:
+        publish = agent.publisher.publish
+
+        def recording(topic: str, key: bytes, value: bytes, on_delivery: Any, *args: Any) -> bool:
+            events.append(("produce", topic, key))
+
+            def delivered(error: Any, message: Any) -> None:
+                events.append(("ack", topic, key))
+                on_delivery(error, message)
+            return publish(topic, key, value, delivered, *args)
+        agent.publisher.publish = recording  # type: ignore[method-assign]
+
+    h.write(100)  # already there when the agent starts
+    with running(h.config(tables__exclude=["other.*"]), spy) as agent:
+        raw = h.raw_reader()
+        for round in range(8):
+            h.write(250, sync_every=25)
+            # One mutation with a CDC and a non-CDC table: only the CDC table's update is published.
+            ts = h.workload.clock.tick()
+            users = to_mutation(Insert("ks.users", {"id": 2000 + round, "name": "u"}, timestamp=ts), SCHEMA)
+            audit = to_mutation(Insert("ks.audit", {"id": 2000 + round, "v": "a"}, timestamp=ts), SCHEMA)
+            h.write_mutation(Mutation(users.updates + audit.updates))
+            h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes written so far")
+        segments_so_far = {k[0] for k in h.expected}
+        assert len(segments_so_far) >= 3, "the test must span segment rollovers"
+        # Completed, acknowledged segments are deleted; the live one stays although fully published.
+        live = h.node.active_segment.path.name
+        wait_until(lambda: h.segment_files() == [live, live.replace(".log", "_cdc.idx")],
+                   "completed segments deleted, the live one kept")
+
+        # Latency: from the idx rewrite to the record visible to a consumer.
+        latencies = []
+        events_id = SCHEMA.table("ks", "events").id
+        for i in range(5):
+            key = (*h.insert("ks.events", pk=3000 + i, ck=i, v="late"), events_id)
+            h.node.sync()
+            synced = time.monotonic()
+            raw.wait_for(lambda key=key: key in raw.arrival, "a change just synced")
+            latencies.append(raw.arrival[key] - synced)
+        assert max(latencies) < 5.0, latencies
+
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        raw.poll(0.2)
+        assert metric(agent, "cdc_agent_mutations_skipped_total") == 0
+    assert_published_exactly(raw, h.expected)
+    assert_node_order(raw)
+    assert {r.node_id for r in raw.records} == {"node1"} and {r.commitlog_version for r in raw.records} == {7}
+    assert all(r.write_time > 0 for r in raw.records)
+
+    # Schemas: only the published tables, each acknowledged before the table's first record was produced.
+    schemas = h.reader(h.server)
+    schemas.wait_for(lambda: len(schemas.messages) >= 2, "schema records")
+    published = {m.key().decode(): SchemaRecord.decode(m.value()) for m in schemas.messages}
+    assert set(published) == {"ks.users", "ks.events"}
+    for name, record in published.items():
+        table = SCHEMA.table(*name.split("."))
+        assert record.table_metadata().id == table.id and record.version == table.version_hash()
+        schema_acked = events.index(("ack", h.server, name.encode()))
+        first_record = next(i for i, (kind, topic, key) in enumerate(events)
+                            if kind == "produce" and topic == h.raw_topic and key[:16] == table.id.bytes)
+        assert schema_acked < first_record, f"{name}: a raw record was produced before its schema was acknowledged"
+    schemas.close()
+    raw.close()
+
+
+def test_include_and_exclude_filters(harness: MakeHarness) -> None:
+    """Only CDC tables accepted by ``tables.include`` minus ``tables.exclude`` are published."""
+    h = harness(published={"other.logs"})
+    h.write(600)
+    h.node.close()
+    config = h.config(tables__include=["other.*", "ks.events", "ks.audit"], tables__exclude=["ks.events"])
+    with running(config):
+        raw = h.raw_reader()
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        raw.wait_for(lambda: raw.has_all(h.expected), "other.logs changes")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    assert {r.table_id for r in raw.records} == {SCHEMA.table("other", "logs").id}
+    raw.close()
+
+
+def test_cassandra_311_segments_moved_in_whole(harness: MakeHarness) -> None:
+    """3.11: no idx; a segment appears in cdc_raw once discarded and is read once, completely (version 6)."""
+    h = harness("3.11", segment_size=16 * 1024)
+    with running(h.config()):
+        raw = h.raw_reader()
+        h.write(700, sync_every=20)
+        h.node.sync()
+        moved = {k for k in h.expected if k[0] != h.node.active_segment.descriptor.segment_id}
+        assert len({k[0] for k in moved}) >= 2
+        raw.wait_for(lambda: moved <= raw.arrival.keys(), "the segments moved into cdc_raw")
+        assert not any(name.endswith("_cdc.idx") for name in h.segment_files())
+        # The active segment is still in commitlog/: nothing of it may be published yet.
+        active = h.node.active_segment.descriptor.segment_id
+        raw.poll(0.3)
+        assert not any(r.segment_id == active for r in raw.records)
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    assert_node_order(raw)
+    assert {r.commitlog_version for r in raw.records} == {6}
+    raw.close()
+
+
+# --- the _cdc.idx file ----------------------------------------------------------------------------------
+
+def test_unreadable_idx_is_retried_never_misread(harness: MakeHarness,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idx caught empty, half-written or garbled is read again; nothing past the real offset is published,
+    and a truncated ``COMPLETED`` does not complete the segment."""
+    h = harness(segment_size=1024 * 1024)
+    unreadable = collections.Counter[str]()
+    read_index = agent_module.read_cdc_index
+
+    def spying(path: Path) -> Any:
+        result = read_index(path)
+        if result is None and path.exists():
+            unreadable[path.read_text(errors="replace")] += 1
+        return result
+    monkeypatch.setattr(agent_module, "read_cdc_index", spying)
+
+    h.write(60, sync_every=30)
+    segment = h.node.active_segment
+    index_path = h.cdc_raw / segment.path.name.replace(".log", "_cdc.idx")
+    durable = int(index_path.read_text())
+    with running(h.config()):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the synced changes")
+        # More data, synced into the segment file (markers, fsync) but not yet announced by the idx.
+        h.write(60, sync_every=None)
+        segment.sync()
+        for garbage in ("", "garbage", str(durable) + "\nCOMPLE", "\n" + str(durable), str(durable) + "x"):
+            index_path.write_text(garbage)  # what a reader sees between Cassandra's truncate and write
+            wait_until(lambda seen=unreadable[garbage], text=garbage: unreadable[text] >= seen + 2,
+                       f"the agent to read idx {garbage!r} twice")
+            raw.poll(0.05)
+            beyond = [r for r in raw.records if r.position > durable]
+            assert not beyond, f"published past the durable offset {durable} with idx {garbage!r}"
+            assert index_path.name in h.segment_files() and segment.path.name in h.segment_files()
+        h.node.sync()  # Cassandra's next sync rewrites the idx: the rest is published
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes after the idx was repaired")
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "the segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    raw.close()
+
+
+def test_newer_segment_waits_while_the_older_idx_is_unreadable(harness: MakeHarness,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The older segment's idx caught mid-rewrite (its final COMPLETED rewrite): the newer segment is not read
+    before it, so a partition's changes keep the node's order."""
+    h = harness(segment_size=16 * 1024)
+    unreadable = collections.Counter[str]()
+    read_index = agent_module.read_cdc_index
+
+    def spying(path: Path) -> Any:
+        result = read_index(path)
+        if result is None and path.exists():
+            unreadable[path.name] += 1
+        return result
+    monkeypatch.setattr(agent_module, "read_cdc_index", spying)
+    older = h.node.active_segment
+    while h.node.active_segment is older:
+        h.write(20, sync_every=20)
+    h.write(20, sync_every=20)  # the newer segment has data and its idx
+    older_index = h.cdc_raw / older.path.name.replace(".log", "_cdc.idx")
+    completed = older_index.read_text()
+    older_index.write_text("")  # Cassandra truncated it and has not written it yet
+    with running(h.config()):
+        raw = h.raw_reader()
+        wait_until(lambda: unreadable[older_index.name] >= 3, "the agent to read the older idx three times")
+        raw.poll(0.1)
+        assert not any(r.segment_id != older.descriptor.segment_id for r in raw.records), \
+            "a newer segment was published while the older one's idx was unreadable"
+        older_index.write_text(completed)
+        h.node.close()
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change")
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    assert_node_order(raw)
+
+
+def test_segment_never_completed_by_a_crashed_node_is_read_to_its_end(harness: MakeHarness) -> None:
+    """The node died (no COMPLETED) and came back with new segments: once the old segment has been idle for
+    ``stale_segment_seconds`` and newer ones have data, it is read to its end and cleaned up."""
+    h = harness()
+    h.write(150, sync_every=50)
+    crashed = h.node.active_segment.path.name
+    h.node = SimulatedNode(h.root / "node", "node1", SCHEMA, "4.1", first_segment_id=FIRST_SEGMENT + 100,
+                           segment_size=128 * 1024)  # the restarted node, same directories
+    h.write(150, sync_every=50)
+    with running(h.config(stale_segment_seconds=0.3)):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes of both segments")
+        wait_until(lambda: crashed not in h.segment_files(), "the crashed segment cleaned up")
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    assert_node_order(raw)
+
+
+def test_segments_without_cdc_data_leave_no_state_behind(harness: MakeHarness) -> None:
+    """4.x links every segment; those that never get CDC data lose their link when discarded. The agent
+    neither waits for them nor keeps their positions once they are gone."""
+    h = harness(segment_size=16 * 1024)
+    with running(h.config()):
+        raw = h.raw_reader()
+        for i in range(600):  # several segments of a non-CDC table only
+            h.insert("ks.audit", id=i, v="x" * 20)
+            if i % 20 == 0:
+                h.node.sync()
+                time.sleep(0.002)
+        h.write(200)
+        h.node.close()
+        assert h.node.active_segment is None and len({k[0] for k in h.expected}) >= 1
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change")
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        wait_until(lambda: not saved_positions(h.state_dir), "no position left for segments that are gone")
+    assert_published_exactly(raw, h.expected)
+
+
+# --- damage, unknown tables ---------------------------------------------------------------------------------
+
+def test_damaged_entries_go_to_dead_letters_and_quarantine(harness: MakeHarness) -> None:
+    """A bad entry CRC loses that entry, a bad size CRC the rest of its section, an undecodable mutation
+    itself: each once to ``<server>.errors`` and the quarantine directory; everything else is published."""
+    h = harness(segment_size=1024 * 1024)
+    users = SCHEMA.table("ks", "users")
+    segment = h.node.active_segment
+    positions = [h.insert("ks.users", id=i, name=f"user{i}")[1] for i in range(10)]
+    h.node.sync()
+    positions += [h.insert("ks.users", id=i, name=f"user{i}")[1] for i in range(10, 20)]
+    h.node.sync()
+    # Entry 3: a flipped body byte (entry CRC). Entry 14: a flipped size CRC: 14..19 are lost with it.
+    # Plain segment: logical positions are file offsets; an entry starts 12 + size bytes before its end.
+    sizes = {p: len(h.expected[(segment.descriptor.segment_id, p, users.id)]) + 1 for p in positions}
+
+    def entry_start(i: int) -> int:
+        return positions[i] - 12 - sizes[positions[i]]
+    with open(segment.path, "r+b") as f:
+        f.seek(entry_start(3) + 8 + 5)
+        byte = f.read(1)
+        f.seek(entry_start(3) + 8 + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+        f.seek(entry_start(14) + 4)
+        f.write(b"\xde\xad\xbe\xef")
+    damaged_body = None
+    lost = [3] + list(range(14, 20))
+    for i in lost:
+        key = (segment.descriptor.segment_id, positions[i], users.id)
+        if i == 3:
+            damaged_body = bytearray(b"\x01" + h.expected[key])  # one partition update: count 1, then it
+            damaged_body[5] ^= 0xFF
+        del h.expected[key]
+    # A mutation whose framing is intact but whose content is not: two updates, the second cut short.
+    undecodable = b"\x02" + h.expected[(segment.descriptor.segment_id, positions[0], users.id)] + users.id.bytes + b"\x01"
+    undecodable_position = segment.add(undecodable)
+    h.insert("ks.users", id=99, name="after the damage")
+    h.node.sync()
+
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        errors = h.reader(f"{h.server}.errors")
+        raw.wait_for(lambda: raw.has_all(h.expected), "the intact changes")
+        errors.wait_for(lambda: len(errors.messages) >= 3, "three dead letters")
+        # The live segment goes on: later passes must not report the same damage again.
+        for i in range(3):
+            h.insert("ks.users", id=200 + i, name="later")
+            h.node.sync()
+            raw.wait_for(lambda: raw.has_all(h.expected), "changes after the damage")
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "the damaged segment published and deleted")
+        errors.poll(0.3)
+        raw.poll(0.1)
+        assert metric(agent, "cdc_agent_errors_total", kind="entry_crc_mismatch") == 1
+    assert_published_exactly(raw, h.expected)
+
+    letters = {json.loads(m.value())["kind"]: json.loads(m.value()) for m in errors.messages}
+    assert len(errors.messages) == 3, [m.value()[:200] for m in errors.messages]
+    assert set(letters) == {"ENTRY_CRC_MISMATCH", "SIZE_CRC_MISMATCH", "UNDECODABLE_MUTATION"}
+    crc = letters["ENTRY_CRC_MISMATCH"]
+    assert crc["position"] == entry_start(3) and base64.b64decode(crc["raw"]) == bytes(damaged_body)
+    assert crc["segment"] == segment.path.name and crc["node"] == "node1"
+    assert letters["SIZE_CRC_MISMATCH"]["position"] == entry_start(14)
+    assert base64.b64decode(letters["UNDECODABLE_MUTATION"]["raw"]) == undecodable
+    assert letters["UNDECODABLE_MUTATION"]["position"] == undecodable_position - 12 - len(undecodable)
+    message_keys = {m.key().decode() for m in errors.messages}
+    assert message_keys == {f"{segment.path.name}@{letter['position']}" for letter in letters.values()}
+    quarantine = h.state_dir / "quarantine"
+    reports = sorted(p.name for p in quarantine.glob("*.json"))
+    assert reports == sorted(f"{segment.path.name}@{letter['position']}.json" for letter in letters.values())
+    for letter in letters.values():
+        stem = f"{segment.path.name}@{letter['position']}"
+        assert json.loads((quarantine / f"{stem}.json").read_text())["kind"] == letter["kind"]
+        raw_bytes, binary = base64.b64decode(letter["raw"]), quarantine / f"{stem}.bin"
+        assert binary.read_bytes() == raw_bytes if raw_bytes else not binary.exists()
+    raw.close()
+    errors.close()
+
+
+def test_unknown_tables_are_skipped_until_the_schema_has_them(harness: MakeHarness,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A table id missing from the schema: its mutations are skipped (counted, logged once); once the schema
+    file has the table, its later mutations are published, with its schema record first."""
+    monkeypatch.setattr(tables_module, "RELOAD_INTERVAL_SECONDS", 0.0)
+    caplog.set_level(logging.INFO, logger="cassandra_cdc")
+    h = harness(node_schema=NODE_SCHEMA, published={"ks.users", "ks.late"})
+    late = NODE_SCHEMA.table("ks", "late")
+    h.insert("ks.users", id=1, name="before")
+    skipped = [h.insert("ks.late", id=1, v="unknown"), h.insert("ks.late", id=2, v="unknown")]
+    h.insert("ks.users", id=2, name="after")
+    h.node.sync()
+    for segment, position in skipped:
+        del h.expected[(segment, position, late.id)]
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the known table's changes")
+        assert metric(agent, "cdc_agent_mutations_skipped_total") == 2
+        warnings = [r for r in caplog.records if str(late.id) in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+        h.schema_file.write_text(SCHEMA_CQL + LATE_CQL)  # the schema now has it
+        h.insert("ks.late", id=3, v="known")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the new table's change")
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "the segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected, schema=NODE_SCHEMA)
+    schemas = h.reader(h.server)
+    schemas.wait_for(lambda: len(schemas.messages) >= 2, "schema records")
+    assert {m.key() for m in schemas.messages} == {b"ks.users", b"ks.late"}
+    schemas.close()
+    raw.close()
+
+
+# --- failures: kill -9, SIGTERM, broker outage ---------------------------------------------------------------
+
+def test_kill_9_mid_segment_loses_nothing(tmp_path: Path, harness: MakeHarness) -> None:
+    """``kill -9`` of the agent while it is inside a live (compressed) segment, twice, with writes going on
+    meanwhile: after each restart it resumes from its saved position; every change reaches Kafka."""
+    h = harness(compression="LZ4Compressor", segment_size=32 * 1024)
+    config_file = h.config_file()
+    log = tmp_path / "agent.log"
+    raw: RawReader | None = None
+    for attempt in range(2):
+        with AgentProcess(config_file, log) as process:
+            raw = raw or h.raw_reader()
+            deadline = time.monotonic() + DEADLINE
+            start = len(raw.records)
+            # Write until the agent has published part of the live segment, then kill it.
+            while True:
+                h.write(40, sync_every=20)
+                raw.poll(0.02)
+                live = h.node.active_segment.descriptor.segment_id
+                if len(raw.records) > start and any(r.segment_id == live for r in raw.records[start:]):
+                    break
+                assert time.monotonic() < deadline, f"the agent published nothing:\n{process.output()[-3000:]}"
+            assert (h.state_dir / STATE_FILE).exists(), "positions are saved while running"
+            process.kill()
+        h.write(200, sync_every=20)  # the node goes on while the agent is down
+    assert raw is not None
+    with AgentProcess(config_file, log) as process:
+        h.write(300, sync_every=20)
+        h.node.close()
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change after the restarts")
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        assert process.terminate() == 0
+    raw.poll(0.2)
+    assert_published_exactly(raw, h.expected, duplicates=True)
+    assert len({k[0] for k in h.expected}) >= 4
+    raw.close()
+
+
+def test_sigterm_finishes_in_flight_saves_position_and_exits_0(tmp_path: Path, harness: MakeHarness) -> None:
+    """SIGTERM mid-stream: exit status 0, everything up to the saved positions is in Kafka, and the restarted
+    agent continues exactly there (not one record published twice)."""
+    h = harness()
+    log = tmp_path / "agent.log"
+    with AgentProcess(h.config_file(state_flush_ms=60_000), log) as process:  # only the shutdown saves
+        raw = h.raw_reader()
+        deadline = time.monotonic() + DEADLINE
+        while len(raw.records) < 300:  # the node writes, the agent publishes
+            h.write(50, sync_every=25)
+            raw.poll(0.02)
+            assert time.monotonic() < deadline, process.output()[-3000:]
+        h.write(50, sync_every=25)  # and more: in flight when SIGTERM comes
+        assert process.terminate() == 0
+        assert "everything read is acknowledged" in process.output()
+    positions = saved_positions(h.state_dir)
+    assert positions, "the position was saved on SIGTERM"
+    raw.poll(0.5)
+    saved = {segment: p["position"] for segment, p in positions.items()}
+    first_saved = min(saved)
+    must_be_there = {k for k in h.expected if k[0] < first_saved or k[1] <= saved.get(k[0], -1)}
+    assert must_be_there, "the agent had published something"
+    assert must_be_there <= raw.arrival.keys(), "a change before a saved position is missing from Kafka"
+
+    h.write(100)
+    h.node.close()
+    with running(h.config()):
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change after the restart")
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    raw.close()
+
+
+def test_broker_stopped_and_restarted_mid_stream(broker: EmbeddedBroker, harness: MakeHarness) -> None:
+    """Kafka goes away while the node writes: the agent waits (a COMPLETED segment is kept, not cleaned up
+    unacknowledged), reports Kafka unreachable, and publishes everything once Kafka is back."""
+    h = harness(segment_size=32 * 1024)
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        h.write(200)
+        raw.wait_for(lambda: raw.has_all(h.expected), "changes before the outage")
+        raw.close()
+        broker.stop()
+        try:
+            first_down = h.node.active_segment.path.name
+            h.write(600, sync_every=20)  # rolls over: first_down is COMPLETED while Kafka is away
+            assert h.node.active_segment.path.name != first_down
+            wait_until(lambda: metric(agent, "cdc_agent_kafka_reachable") == 0, "Kafka reported unreachable")
+            time.sleep(0.5)  # several passes of the agent: it must keep the completed segment
+            assert first_down in h.segment_files(), "a segment was cleaned up before Kafka acknowledged it"
+        finally:
+            broker.start()
+        h.write(200)
+        h.node.close()
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change after the outage")
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        wait_until(lambda: metric(agent, "cdc_agent_kafka_reachable") == 1, "Kafka reported reachable")
+        raw.poll(0.2)
+    # The idempotent producer resends in order: no loss; copies would be tolerated by the contract.
+    assert_published_exactly(raw, h.expected, duplicates=True)
+    raw.close()
+
+
+def test_agent_started_while_kafka_is_down_waits_for_it(broker: EmbeddedBroker, harness: MakeHarness) -> None:
+    """No Kafka at startup: the agent reports it unreachable and waits; it publishes once Kafka is there."""
+    h = harness()
+    h.write(200)
+    broker.stop()
+    try:
+        with running(h.config()) as agent:
+            wait_until(lambda: metric(agent, "cdc_agent_kafka_reachable") == 0, "Kafka reported unreachable")
+            broker.start()
+            raw = h.raw_reader()
+            raw.wait_for(lambda: raw.has_all(h.expected), "the changes once Kafka is back")
+            assert metric(agent, "cdc_agent_kafka_reachable") == 1
+    finally:
+        broker.start()
+    raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+
+
+class Crash(BaseException):
+    """The agent process dying at a chosen point."""
+
+
+def test_crash_between_cleanup_steps_is_finished_on_restart(harness: MakeHarness,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent dies right after deleting the first file of a published segment: the restarted agent
+    finishes the cleanup (nothing left behind in cdc_raw) without publishing the segment again."""
+    h = harness()
+    h.write(200)
+    h.node.close()
+    unlink = Path.unlink
+
+    def crashing(path: Path, missing_ok: bool = False) -> None:
+        unlink(path, missing_ok=missing_ok)
+        if path.parent == h.cdc_raw:
+            raise Crash(path.name)
+    monkeypatch.setattr(Path, "unlink", crashing)
+    with pytest.raises(Crash), running(h.config()):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        wait_until(lambda: len(h.segment_files()) < 2, "the cleanup to start")
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with running(h.config()):
+        wait_until(lambda: not h.segment_files(), "the cleanup finished")
+        wait_until(lambda: not saved_positions(h.state_dir), "the segment forgotten")
+        raw.poll(0.3)
+    assert_published_exactly(raw, h.expected)
+
+
+# --- cleanup, space, status ---------------------------------------------------------------------------------
+
+def test_cleanup_archive(tmp_path: Path, harness: MakeHarness) -> None:
+    """``archive`` moves a segment and its idx once COMPLETED and acknowledged; the live one stays."""
+    h = harness(segment_size=16 * 1024)
+    archive = tmp_path / "archive"
+    with running(h.config(cleanup__mode="archive", cleanup__archive_dir=str(archive))):
+        raw = h.raw_reader()
+        h.write(600, sync_every=20)
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        live = h.node.active_segment.path.name
+        wait_until(lambda: h.segment_files() == [live, live.replace(".log", "_cdc.idx")], "completed ones archived")
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "the last one archived")
+    segments = {k[0] for k in h.expected}
+    archived = sorted(p.name for p in archive.iterdir())
+    assert len(archived) == 2 * len(segments)
+    for name in archived:
+        if name.endswith("_cdc.idx"):
+            assert (archive / name).read_text().endswith("\nCOMPLETED")
+    assert_published_exactly(raw, h.expected)
+    raw.close()
+
+
+def test_cleanup_command_runs_after_completion_and_is_retried(tmp_path: Path, harness: MakeHarness) -> None:
+    """``command`` gets {segment} and {index} of a COMPLETED, acknowledged segment; the files are deleted only
+    when it exits 0; a failure is retried."""
+    h = harness(segment_size=1024 * 1024)
+    copies = tmp_path / "copies"
+    copies.mkdir()
+    # Fails the first time for each segment, copies both files the second time.
+    command = (f"name=$(basename {{segment}}); if [ -e {copies}/$name.tried ]; then cp {{segment}} {{index}} "
+               f"{copies}/; else touch {copies}/$name.tried; exit 3; fi")
+    h.write(300)
+    with running(h.config(cleanup__mode="command", cleanup__command=command, poll_interval_ms=50)):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        live = h.node.active_segment.path.name
+        assert not list(copies.iterdir()), "the command ran on a segment Cassandra had not COMPLETED"
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "the command to succeed and the files to be deleted")
+    assert sorted(p.name for p in copies.iterdir()) == sorted([live, live + ".tried",
+                                                              live.replace(".log", "_cdc.idx")])
+    assert (copies / live.replace(".log", "_cdc.idx")).read_text().endswith("COMPLETED")
+    raw.close()
+
+
+def test_cdc_total_space_warning(harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """The agent warns when cdc_raw nears cdc_total_space, and says when it is back under."""
+    caplog.set_level(logging.INFO, logger="cassandra_cdc")
+    h = harness(segment_size=1024 * 1024)  # a plain segment takes its whole size at once
+    h.write(50)
+    with running(h.config(cdc_total_space_mb=1, space_warning_percent=50)) as agent:
+        warning = wait_until(lambda: [r for r in caplog.records if "cdc_total_space" in r.getMessage()
+                                      and r.levelno == logging.WARNING], "the space warning")
+        assert "100% of cdc_total_space (1 MiB)" in warning[0].getMessage()
+        assert metric(agent, "cdc_agent_cdc_raw_usage_ratio") == 1.0
+        h.node.close()
+        wait_until(lambda: any("back under 50%" in r.getMessage() for r in caplog.records), "the all-clear")
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING and "cdc_total_space" in r.getMessage()]) == 1
+
+
+def test_agent_status(tmp_path: Path, harness: MakeHarness) -> None:
+    """``agent status`` shows per segment the durable offset, COMPLETED, acknowledged position and lag."""
+    h = harness(segment_size=16 * 1024)
+    h.write(400, sync_every=20)
+    h.node.sync()
+    with running(h.config(cleanup__mode="keep")):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        wait_until(lambda: all(p["completed"] for s, p in saved_positions(h.state_dir).items()
+                               if s != h.node.active_segment.descriptor.segment_id)
+                   and len(saved_positions(h.state_dir)) == len({k[0] for k in h.expected}), "positions saved")
+        raw.close()
+    h.write(10, sync_every=None)
+    h.node.sync()  # new durable data the agent has not seen: lag
+    live = h.node.active_segment
+    durable = int((h.cdc_raw / live.path.name.replace(".log", "_cdc.idx")).read_text())
+    acknowledged = saved_positions(h.state_dir)[live.descriptor.segment_id]["position"]
+    assert acknowledged < durable
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["agent", "status", "--config", str(h.config_file())], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = status_rows(result.output)
+    assert set(rows) == {name for name in h.segment_files() if name.endswith(".log")}
+    for name, cells in rows.items():
+        if name == live.path.name:
+            assert cells == [str(durable), "writing", str(acknowledged), str(durable - acknowledged), "in progress"]
+        else:
+            assert cells[1:] == ["COMPLETED", cells[0], "0", "published"]
+    # Without a configuration file, and before the agent ever ran: nothing acknowledged.
+    result = runner.invoke(app, ["agent", "status", "--cdc-raw", str(h.cdc_raw), "--state-dir", str(tmp_path / "none")],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    rows = status_rows(result.output)
+    assert rows and all(cells[2] == "-" and cells[4] == "in progress" for cells in rows.values())
+
+
+def status_rows(output: str) -> dict[str, list[str]]:
+    """The table ``agent status`` prints: segment -> the other cells."""
+    rows = {}
+    for line in output.splitlines():
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells and cells[0].endswith(".log"):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+# --- configuration -------------------------------------------------------------------------------------------
+
+BASE_CONFIG = {"server": "prod", "cdc_raw": "/tmp", "state_dir": "/tmp/state", "schema": {"file": "/tmp/s.cql"},
+               "kafka": {"bootstrap_servers": "127.0.0.1:9092"}}
+
+
+def with_changes(**changes: Any) -> dict[str, Any]:
+    config = json.loads(json.dumps(BASE_CONFIG))
+    for dotted, value in changes.items():
+        node = config
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return config
+
+
+@pytest.mark.parametrize("text, message", [
+    (yaml.safe_dump(with_changes(kafka__bootstrap_servers=None)), "kafka.bootstrap_servers: Field required"),
+    (yaml.safe_dump(with_changes(server=None)), "server: Field required"),
+    (yaml.safe_dump(with_changes(server="prod/eu")), "server: Value error, use letters"),
+    (yaml.safe_dump(with_changes(kafka__bootstrap_server="x:1")), "kafka.bootstrap_server: Extra inputs"),
+    (yaml.safe_dump(with_changes(schema={"file": "/a.cql", "cassandra": {}})), "exactly one of schema.file"),
+    (yaml.safe_dump(with_changes(schema={})), "exactly one of schema.file"),
+    (yaml.safe_dump(with_changes(cleanup={"mode": "archive"})), "needs cleanup.archive_dir"),
+    (yaml.safe_dump(with_changes(cleanup={"mode": "command"})), "needs cleanup.command"),
+    (yaml.safe_dump(with_changes(cleanup={"mode": "shred"})), "cleanup.mode: Input should be"),
+    (yaml.safe_dump(with_changes(poll_interval_ms=0)), "poll_interval_ms: Input should be greater"),
+    (yaml.safe_dump(with_changes(metrics={"port": 70000})), "metrics.port: Input should be less"),
+    ("server: [unclosed\n", "while parsing"),
+    ("- a\n- b\n", "must be a YAML mapping"),
+])
+def test_config_errors_name_the_file_and_the_field(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "agent.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+
+
+def test_config_errors_stop_the_command_with_one_line(tmp_path: Path) -> None:
+    """The command exits 2 with a one-line error, before anything starts (no topic, no state)."""
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(with_changes(kafka__bootstrap_servers=None, state_dir=str(tmp_path / "state"))))
+    runner = CliRunner()
+    result = runner.invoke(app, ["agent", "--config", str(path)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {path}: kafka.bootstrap_servers: Field required"
+    assert not (tmp_path / "state").exists()
+    # Flags alone: the same validation, "command line" as the source.
+    result = runner.invoke(app, ["agent", "--cdc-raw", str(tmp_path), "--server", "x"])
+    assert result.exit_code == 2 and result.output.startswith("error: command line: ")
+    # Flags override the file.
+    config = load_config(path, {"kafka.bootstrap_servers": "h:1", "node_id": "n7"})
+    assert config.kafka.bootstrap_servers == "h:1" and config.node_id == "n7"
+    assert config.raw_topic == "prod.raw" and config.schema_topic == "prod" and config.errors_topic == "prod.errors"
+
+
+def test_missing_paths_are_configuration_errors(tmp_path: Path) -> None:
+    """A cdc_raw directory or schema file that does not exist stops the agent with a one-line error."""
+    schema = tmp_path / "schema.cql"
+    schema.write_text(SCHEMA_CQL)
+    base = with_changes(state_dir=str(tmp_path / "state"), schema={"file": str(schema)},
+                        kafka={"bootstrap_servers": "127.0.0.1:1"}, metrics={"port": 0})
+    runner = CliRunner()
+    for changes, fragment in (({"cdc_raw": str(tmp_path / "nowhere")}, "nowhere"),
+                              ({"cdc_raw": str(tmp_path), "schema": {"file": str(tmp_path / "none.cql")}}, "none.cql")):
+        path = tmp_path / "agent.yaml"
+        path.write_text(yaml.safe_dump({**base, **changes}))
+        result = runner.invoke(app, ["agent", "--config", str(path)])
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: ") and fragment in result.output and len(result.output.splitlines()) == 1
