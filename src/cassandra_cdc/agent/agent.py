@@ -62,6 +62,7 @@ class SegmentProgress:
         self.read_position = acknowledged
         self.read_all = completed
         self.index_offset: int | None = None
+        self.resume: tuple[int, int] | None = None  # where the sections read so far end (SegmentReader)
         self.changed_at = time.monotonic()
         self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
         self._in_flight: deque[list[int]] = deque()
@@ -255,7 +256,7 @@ class Agent:
             self._dead_letter(progress, damage)
         try:
             reader = SegmentReader(segment.path, self.keystore, start=progress.read_position, limit=limit,
-                                   on_damage=on_damage)
+                                   on_damage=on_damage, resume=progress.resume)
         except FileNotFoundError:
             return False  # removed meanwhile (Cassandra discards segments without CDC data)
         except CommitLogError as error:
@@ -272,6 +273,7 @@ class Agent:
                 if self._stopping.is_set():
                     stopped = True
                     break
+            progress.resume = reader.resume_point
             if not stopped:
                 progress.read_position = max(progress.read_position, reader.position)
                 if final:

@@ -104,7 +104,8 @@ class SegmentReader:
     """
 
     def __init__(self, path: str | Path, keystore: KeyStore | None = None, *, start: int = 0,
-                 limit: int | None = None, on_damage: Callable[[Damage], None] | None = None) -> None:
+                 limit: int | None = None, on_damage: Callable[[Damage], None] | None = None,
+                 resume: tuple[int, int] | None = None) -> None:
         self.path = str(path)
         self.start = start
         self.limit = limit
@@ -122,8 +123,13 @@ class SegmentReader:
         self._compressor = None
         if self.descriptor.compression_class and not self.descriptor.encrypted:
             self._compressor = compressor_for(self.descriptor.compression_class)
+        header = self.descriptor.header_size
+        self._resume = resume or (header, header)
+        #: (file offset, logical position) of the sync marker after the sections read completely: a later
+        #: reader of the same segment can start there (``resume``) instead of walking them again
+        self.resume_point = self._resume
         #: logical position up to which the segment has been read completely
-        self.position = self.descriptor.header_size
+        self.position = self._resume[1]
         #: True once the end of the segment was reached (not merely the limit)
         self.finished = False
         self._section_index = 0
@@ -181,7 +187,7 @@ class SegmentReader:
         data = self._map
         segment_id = self.descriptor.segment_id
         id_crc = zlib.crc32(struct.pack(">II", segment_id & 0xFFFFFFFF, (segment_id >> 32) & 0xFFFFFFFF))
-        offset = logical = self.descriptor.header_size
+        offset, logical = self._resume
         self._section_index = 0
         while True:
             self._section_index += 1
@@ -209,6 +215,7 @@ class SegmentReader:
                 return  # not yet durable: the idx file has not reached its end
             yield section
             offset, logical = next_marker, section.logical_end
+            self.resume_point = (offset, logical)
 
     def _section(self, offset: int, logical: int, next_marker: int) -> Section | None:
         body_start = offset + SYNC_MARKER_SIZE
