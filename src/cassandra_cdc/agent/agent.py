@@ -169,6 +169,7 @@ class Agent:
     def run_once(self) -> bool:
         """One pass over cdc_raw; return whether anything new was read."""
         progressed = False
+        self.tables.reload_if_changed()
         segments = list_segments(self.config.cdc_raw)
         self._forget_vanished(segments)
         for index, segment in enumerate(segments):
@@ -298,6 +299,8 @@ class Agent:
             if table is None:
                 self._skip(progress, entry)  # Cassandra drops the whole mutation
                 return
+            if table.keyspace == "system_schema":
+                self.tables.schema_changed()
             _, read, acknowledged = self._table_state(table)
             read.inc()
             if acknowledged is not None:

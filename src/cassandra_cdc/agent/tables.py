@@ -1,7 +1,9 @@
 """The tables the agent publishes: CDC-enabled ones from the schema, with the config's filter applied.
 
 Table metadata comes from a CQL file or from the cluster's ``system_schema``, and is reloaded when a
-mutation names a table id the agent does not know (a table created since it started).
+mutation names a table id the agent does not know (a table created since it started), when the schema
+file changes, and when the node logs a schema change (a mutation of ``system_schema``, which every
+``CREATE``/``ALTER``/``DROP`` writes to the commit log before any data that uses the new definition).
 """
 
 from __future__ import annotations
@@ -31,10 +33,30 @@ class TableRegistry:
         self.reload()
 
     def reload(self) -> None:
+        self._stamp = self._file_stamp()
         self.schema = self._load()
         self._loaded_at = time.monotonic()
         names = sorted(t.qualified_name for t in self.schema if self.is_published(t))
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
+
+    def reload_if_changed(self) -> None:
+        """Reload when the schema file was modified since the last load."""
+        if self._config.schema_.file is not None and self._file_stamp() != self._stamp:
+            log.info("schema file %s changed: reloading it", self._config.schema_.file)
+            self.reload()
+
+    def schema_changed(self) -> None:
+        """The node logged a schema change: reload (rate-limited), so later records use the new definition."""
+        if time.monotonic() - self._loaded_at >= RELOAD_INTERVAL_SECONDS or self._file_stamp() != self._stamp:
+            self.reload()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        path = self._config.schema_.file
+        try:
+            stat = path.stat() if path is not None else None
+        except FileNotFoundError:
+            return None
+        return (stat.st_mtime_ns, stat.st_size) if stat else None
 
     def is_published(self, table: TableMetadata) -> bool:
         return table.cdc and self._config.tables.accepts(table.qualified_name)
