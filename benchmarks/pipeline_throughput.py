@@ -1,0 +1,209 @@
+"""Pipeline throughput and end-to-end latency (Spark local[2], RocksDB state, embedded broker).
+
+Throughput: a workload of ``--records`` raw records (each write copied by RF=3 replicas) over
+``--keys`` partition keys is published to the raw topic as the agents would, then the pipeline
+processes the backlog from scratch (``availableNow``); reported: raw records/s in total and per core
+(2 cores), with and without the session/query start-up.
+
+Latency: three simulated nodes, three agents and the pipeline run together; writes go into the
+segments at a steady moderate rate with a sync every 50 ms (Cassandra's periodic sync is 10 s by
+default; a faster one is what a latency-minded deployment uses), and each write's event is timed
+from the write into the segment to its arrival in the output topic; reported: p50/p99.
+
+    python benchmarks/pipeline_throughput.py [--records 1000000] [--keys 100000] [--latency-seconds 60]
+
+Targets (from the issue): 20,000 raw records/s per core; p99 latency under 2 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from cassandra_cdc.agent import Agent  # noqa: E402
+from cassandra_cdc.agent import load_config as agent_config  # noqa: E402
+from cassandra_cdc.commitlog import Mutation, MutationSerializer  # noqa: E402
+from cassandra_cdc.pipeline.config import load_config as pipeline_config  # noqa: E402
+from cassandra_cdc.pipeline.job import change_events  # noqa: E402
+from cassandra_cdc.pipeline.sink import KafkaTransactionalSink  # noqa: E402
+from cassandra_cdc.pipeline.spark import spark_session  # noqa: E402
+from cassandra_cdc.schema import parse_schema  # noqa: E402
+from cassandra_cdc.simulator import Cluster, EmbeddedBroker, Insert, Update, to_mutation  # noqa: E402
+from cassandra_cdc.topics.raw import RawRecord, record_key  # noqa: E402
+from cassandra_cdc.topics.schemas import SchemaRecord  # noqa: E402
+
+SCHEMA = """CREATE TABLE bench.users (id bigint PRIMARY KEY, name text, email text, age int, score double,
+    city text) WITH ID = 6c0e7a10-0000-4000-8000-0000000000b1 AND cdc = true;"""
+CORES = os.cpu_count() or 2
+
+
+def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int) -> None:
+    schema = parse_schema(SCHEMA)
+    table = schema.table("bench", "users")
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
+                         "acks": "all", "linger.ms": 20, "compression.type": "lz4"})
+    record = SchemaRecord.of(table, "bench")
+    producer.produce(server, record.encode(), record.key)
+    broker.create_topic(f"{server}.raw", 12)
+    timestamp = time.time_ns() // 1000 - 3_600_000_000
+    for i in range(records // 3):
+        key = i % keys
+        if i < keys:
+            op = Insert("bench.users", {"id": key, "name": f"user{key}", "email": f"u{key}@example.com", "age": 30,
+                                        "score": 1.5, "city": "Lyon"}, timestamp=timestamp + i)
+        else:
+            op = Update("bench.users", {"id": key}, {"score": float(i), "age": i % 90}, timestamp=timestamp + i)
+        update = MutationSerializer.serialize(Mutation(to_mutation(op, schema).updates), 7)[1:]
+        for node in ("node1", "node2", "node3"):
+            value = RawRecord(node, 1, i, 7, timestamp + i, update).encode()
+            while True:
+                try:
+                    producer.produce(f"{server}.raw", value, record_key(update))
+                    break
+                except BufferError:
+                    producer.poll(0.1)
+    producer.flush(120)
+
+
+def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int) -> dict[str, float]:
+    server = "bench"
+    started = time.monotonic()
+    publish_backlog(broker, server, records, keys)
+    published = time.monotonic() - started
+    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
+                                    "kafka.bootstrap_servers": broker.bootstrap_servers,
+                                    "kafka.max_offsets_per_trigger": 250_000, "state.buckets": 16})
+    session_start = time.monotonic()
+    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions)
+    sink = KafkaTransactionalSink(broker.bootstrap_servers, config.commit_topic, "bench", topic_partitions=6)
+    query_start = time.monotonic()
+    query = (change_events(spark, config).writeStream.foreachBatch(sink.write_batch)
+             .option("checkpointLocation", str(config.checkpoint)).trigger(processingTime="1 second").start())
+    progress: list[dict] = []
+    while sum(p["numInputRows"] for p in progress) < records:
+        query.awaitTermination(0.5)
+        if query.exception() is not None:
+            raise RuntimeError(f"the pipeline failed: {query.exception()}")
+        progress = [p for p in query.recentProgress if p["numInputRows"]]
+    done = time.monotonic()
+    query.stop()
+    batches = progress
+    first_batch = batches[0]["batchDuration"] / 1000 if batches else 0.0
+    spark.stop()
+    total = done - query_start
+    steady = total - first_batch
+    steady_records = records - (batches[0]["numInputRows"] if batches else 0)
+    return {"records": records, "publish_s": published, "session_s": query_start - session_start,
+            "query_s": total, "records_per_s": records / total, "per_core": records / total / CORES,
+            "steady_per_core": steady_records / steady / CORES if steady > 0 else 0.0,
+            "batches": len(batches)}
+
+
+def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float) -> dict[str, float]:
+    server = "lat"
+    schema_file = work / "latency.cql"
+    schema_file.write_text(SCHEMA)
+    schema = parse_schema(SCHEMA)
+    cluster = Cluster(work / "cluster", schema, nodes=3, rf=3, cassandra_version="4.1", segment_size=4 << 20)
+    agents = []
+    for node in cluster.nodes:
+        agent = Agent(agent_config(None, {"server": server, "node_id": node.node_id, "cdc_raw": str(node.cdc_raw_dir),
+                                          "state_dir": str(work / f"state-{node.node_id}"),
+                                          "schema.file": str(schema_file), "metrics.port": 0,
+                                          "kafka.bootstrap_servers": broker.bootstrap_servers}))
+        thread = threading.Thread(target=agent.run, daemon=True)
+        thread.start()
+        agents.append((agent, thread))
+    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "lat-checkpoint"),
+                                    "kafka.bootstrap_servers": broker.bootstrap_servers,
+                                    "spark.trigger_interval": "100 milliseconds", "state.buckets": 8})
+    spark = spark_session("local[2]", "latency-benchmark", config.spark.shuffle_partitions)
+    sink = KafkaTransactionalSink(broker.bootstrap_servers, config.commit_topic, "lat", topic_partitions=2)
+    query = (change_events(spark, config).writeStream.foreachBatch(sink.write_batch)
+             .option("checkpointLocation", str(config.checkpoint)).trigger(processingTime="100 milliseconds").start())
+    written: dict[int, float] = {}
+    arrived: dict[int, float] = {}
+    stop = threading.Event()
+
+    def consume() -> None:
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "latency",
+                             "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+        topic = f"{server}.bench.users"
+        while not stop.is_set():
+            if topic not in consumer.list_topics(timeout=5).topics:
+                time.sleep(0.2)
+                continue
+            consumer.subscribe([topic])
+            break
+        while not stop.is_set():
+            for message in consumer.consume(500, timeout=0.2):
+                if message.error() is None and message.value():
+                    key = json.loads(message.key())["payload"]["id"]
+                    arrived.setdefault(key, time.monotonic())
+        consumer.close()
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    time.sleep(20)  # let the first (slow) micro-batch pass before measuring
+    interval = 1 / rate
+    next_sync = time.monotonic()
+    key = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        key += 1
+        cluster.execute(Insert("bench.users", {"id": key, "name": "x", "age": 1}, timestamp=time.time_ns() // 1000))
+        if time.monotonic() >= next_sync:
+            cluster.sync_all()
+            next_sync = time.monotonic() + 0.05
+        written[key] = time.monotonic()  # durable (synced) within 50 ms of this
+        time.sleep(interval)
+    cluster.sync_all()
+    deadline = time.monotonic() + 60
+    while len(arrived) < len(written) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    stop.set()
+    query.stop()
+    spark.stop()
+    for agent, thread in agents:
+        agent.stop()
+        thread.join(30)
+    delays = sorted(arrived[k] - written[k] for k in written if k in arrived)
+    return {"writes": len(written), "events": len(delays), "p50_ms": 1000 * statistics.median(delays),
+            "p99_ms": 1000 * delays[int(0.99 * (len(delays) - 1))], "max_ms": 1000 * delays[-1]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000, help="raw records (RF=3 copies included)")
+    parser.add_argument("--keys", type=int, default=100_000, help="distinct partition keys")
+    parser.add_argument("--latency-seconds", type=float, default=60, help="duration of the latency run")
+    parser.add_argument("--rate", type=float, default=100, help="writes per second in the latency run")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--skip-latency", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as directory, EmbeddedBroker(Path(directory) / "broker") as broker:
+        work = Path(directory)
+        if not args.skip_throughput:
+            figures = throughput(broker, work, args.records, args.keys)
+            print("throughput:", json.dumps(figures, indent=1))
+            print(f"target 20,000 raw records/s per core: {'met' if figures['per_core'] >= 20_000 else 'NOT met'}")
+        if args.skip_latency:
+            return
+        lat = latency(broker, work, args.latency_seconds, args.rate)
+        print("latency:", json.dumps(lat, indent=1))
+        print(f"target p99 < 2 s: {'met' if lat['p99_ms'] < 2000 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
