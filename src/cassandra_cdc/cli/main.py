@@ -5,6 +5,7 @@ from importlib.metadata import version
 import typer
 
 from . import agent
+from .bootstrap import bootstrap
 from .dump import dump
 from .pipeline import pipeline
 
@@ -16,6 +17,7 @@ app = typer.Typer(
 app.command()(dump)
 app.add_typer(agent.app, name="agent")
 app.command()(pipeline)
+app.command()(bootstrap)
 
 
 def _print_version(requested: bool) -> None:

@@ -216,4 +216,6 @@ class _Output:
         self.add(topic, key, json.dumps(report).encode())
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame({"topic": self.topics, "key": self.keys, "value": self.values})
+        # Object columns even when empty: an empty list would become float64, which Arrow cannot send.
+        return pd.DataFrame({"topic": pd.Series(self.topics, dtype=object), "key": pd.Series(self.keys, dtype=object),
+                             "value": pd.Series(self.values, dtype=object)})
