@@ -16,10 +16,12 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 install: $(VENV)/.installed
 
+# The whole system live: a simulated 3-node cluster, 3 agents, the Spark pipeline, an embedded broker.
+# Writes for DURATION seconds (then ~30-60 s to catch up, check and stop); `make run DURATION=` runs
+# until Ctrl-C. Everything it starts is stopped, and ./demo-data removed, when it ends.
+DURATION ?= 120
 run: install
-	$(BIN)/cassandra-cdc dump $(SHARED)/cassandra-commitlogs/4.0.11-encrypted/*.log \
-	    --schema tests/data/system_schemas/cassandra-4.0.11.cql \
-	    --schema tests/data/legacy_commitlog_tables/4.0.11.cql
+	$(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION))
 
 test: install
 	$(BIN)/python -m pytest

@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from cassandra_cdc.agent import Agent, load_config as load_agent_config
+from cassandra_cdc.demo.check import normalized, replay
 from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.job import start
 from cassandra_cdc.schema import parse_schema
@@ -74,35 +75,6 @@ def consume_events(broker: EmbeddedBroker, topics: list[str]) -> list[tuple[str,
         return [(topic, payload) for _, topic, payload in events]
     finally:
         consumer.close()
-
-
-def replay(events: list[tuple[str, dict[str, Any]]], topic: str, key_columns: list[str]) -> dict[tuple, dict]:
-    """The table an event consumer rebuilds: per primary key, the latest ``after``."""
-    rows: dict[tuple, dict] = {}
-    for event_topic, payload in events:
-        if event_topic != topic:
-            continue
-        row = payload["after"] if payload["op"] != "d" else payload["before"]
-        key = tuple(row[c] for c in key_columns)
-        if payload["op"] == "d":
-            rows.pop(key, None)
-        else:
-            rows[key] = payload["after"]
-    return rows
-
-
-def normalized(row: dict[str, Any]) -> dict[str, Any]:
-    """Model values (driver types) in the shapes JSON events carry them."""
-    out = {}
-    for name, value in row.items():
-        if isinstance(value, (set, frozenset)) or type(value).__name__ == "SortedSet":
-            value = sorted(value)
-        elif hasattr(value, "items"):
-            value = dict(value.items())
-        elif isinstance(value, tuple):
-            value = list(value)
-        out[name] = value
-    return out
 
 
 def test_replicas_merge_into_exactly_the_table_state(broker: EmbeddedBroker, tmp_path: Path, spark: Any) -> None:

@@ -6,8 +6,10 @@ import typer
 
 from . import agent
 from .bootstrap import bootstrap
+from .demo import demo
 from .dump import dump
 from .pipeline import pipeline
+from .tail import tail
 
 app = typer.Typer(
     help="Change data capture for Apache Cassandra: read commit logs, stream changes to Kafka.",
@@ -18,6 +20,8 @@ app.command()(dump)
 app.add_typer(agent.app, name="agent")
 app.command()(pipeline)
 app.command()(bootstrap)
+app.command()(demo)
+app.command()(tail)
 
 
 def _print_version(requested: bool) -> None:

@@ -7,6 +7,8 @@ session itself; under spark-submit the session's master and settings come from s
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 
 from pyspark.sql import DataFrame, SparkSession
@@ -77,6 +79,9 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
     spark = spark_session(config.spark.master or "local[2]", QUERY_NAME, config.spark.shuffle_partitions,
                           config.spark.conf)
     query = start(spark, config)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (systemd, Kubernetes) stops the query between batches as Ctrl-C does.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic, config.server,
              config.checkpoint)
     deadline = None if duration is None else time.monotonic() + duration

@@ -87,6 +87,15 @@ class EmbeddedBroker:
         self._running = False
         atexit.unregister(self.stop)
 
+    @staticmethod
+    def stop_leftover(data_dir: str | Path) -> bool:
+        """Stop a broker a crashed process left running on ``data_dir``; return whether one was stopped."""
+        if not NOIDA_DB.exists() or not Path(data_dir).is_dir():
+            return False
+        result = subprocess.run([str(NOIDA_DB), "down", "--data-dir", str(data_dir)], stdin=subprocess.DEVNULL,
+                                capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+        return result.returncode == 0
+
     def create_topic(self, name: str, partitions: int, compacted: bool = False, *, timeout: float = 30.0) -> None:
         """Create a topic (replication factor 1: there is one broker); ``compacted`` sets cleanup.policy=compact."""
         config = {"cleanup.policy": "compact"} if compacted else {}

@@ -49,6 +49,21 @@ class Cluster:
         self._in_flight: dict[str, list[Mutation]] = {node.node_id: [] for node in self.nodes}
         self._counters = CounterLedger()
 
+    def alter_schema(self, schema: Schema) -> None:
+        """A schema change (``ALTER TABLE ... ADD``) agreed by every node: later statements and mutations use
+        the new definitions, and the models keep their data. Tables may be added, not removed."""
+        for name, model in self.models.items():
+            keyspace, _, table_name = name.partition(".")
+            table = schema.table(keyspace, table_name)
+            if table is None:
+                raise ValueError(f"the new schema has no table {name}")
+            model.alter(table)
+        for table in schema:
+            self.models.setdefault(table.qualified_name, TableModel(table))
+        self.schema = schema
+        for node in self.nodes:
+            node.schema = schema
+
     def replicas(self, table: TableMetadata, partition_key: bytes) -> list[SimulatedNode]:
         """The nodes holding a partition: the first node whose token is >= the key's, and the next rf - 1."""
         if self.rf == len(self.nodes):

@@ -135,6 +135,17 @@ class TableModel:
         self._partitions: dict[bytes, _Partition] = {}
         self._clustering_types = tuple(c.type for c in table.clustering)
 
+    def alter(self, table: TableMetadata) -> None:
+        """Take a new definition of the table (``ALTER TABLE ... ADD``): what was written stays, and the
+        added columns read as null until written."""
+        old = self.table
+        if table.id != old.id or table.primary_key != old.primary_key:
+            raise ValueError(f"{table.qualified_name} is not an ALTER of {old.qualified_name} (other id or primary key)")
+        missing = {c.name for c in old.regular_and_static} - {c.name for c in table.regular_and_static}
+        if missing:
+            raise ValueError(f"dropping columns is not modelled ({', '.join(sorted(missing))} of {old.qualified_name})")
+        self.table = table
+
     def apply(self, op: Operation) -> None:
         table = self.table
         if op.table != table.qualified_name:

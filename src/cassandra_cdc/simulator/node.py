@@ -69,6 +69,7 @@ class SimulatedNode:
         self._segment: SegmentWriter | None = None
         self._contains_cdc = False  # Cassandra's CDCState.CONTAINS for the active segment
         self._indexed_position: int | None = None  # what the active segment's _cdc.idx says
+        self.segments_opened = 0  # segments this node has started (rollovers + 1)
         # A node always has an active segment (and in 4.0+ its cdc_raw link) before the first write.
         self._open_segment()
 
@@ -134,6 +135,7 @@ class SimulatedNode:
                                 segment_size=self.segment_size, compression=self.compression,
                                 encryption=self.encryption)
         self._next_segment_id += 1
+        self.segments_opened += 1
         if self.links_segments:
             os.link(segment.path, self.cdc_raw_dir / segment.path.name)
         self._segment = segment

@@ -86,6 +86,12 @@ class Workload:
         self.rng = random.Random(seed)
         self._mixes = {t.qualified_name: self._mix(t) for t in self.tables}
 
+    def alter_schema(self, schema: Schema) -> None:
+        """Write by the new definitions of the tables from now on (after ``Cluster.alter_schema``)."""
+        self.schema = schema
+        self.tables = [table_of(schema, t.qualified_name) for t in self.tables]
+        self._mixes = {t.qualified_name: self._mix(t) for t in self.tables}
+
     def __iter__(self) -> Iterator[Operation]:
         while True:
             yield self.next()

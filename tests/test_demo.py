@@ -1,0 +1,168 @@
+"""``cassandra-cdc demo`` end to end (as CI runs it), ``cassandra-cdc tail``, and the pieces the demo adds:
+the final check's comparison and the simulator's schema change."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+from typer.testing import CliRunner
+
+from cassandra_cdc.cli.main import app
+from cassandra_cdc.commitlog import MutationSerializer
+from cassandra_cdc.demo.check import compare_rows, normalized, replay
+from cassandra_cdc.demo.workload import ALTER_CQL, SCHEMA_CQL
+from cassandra_cdc.pipeline.events import EventEncoder, Source
+from cassandra_cdc.schema import parse_schema
+from cassandra_cdc.simulator import Clock, Cluster, EmbeddedBroker, Insert, Update, Workload, to_mutation
+from cassandra_cdc.topics.raw import RawRecord, record_key
+
+DEMO_TIMEOUT = 400  # seconds; the demo writes for 60 and takes about 2 minutes on an idle 2-core machine
+
+
+def test_demo_runs_and_its_check_passes(tmp_path: Path) -> None:
+    """What CI runs: the whole system for 60 s of writing, then the final check (exit 1 if it fails)."""
+    workdir = tmp_path / "demo-data"
+    demo = subprocess.Popen([sys.executable, "-m", "cassandra_cdc", "demo", "--duration", "60", "--check",
+                             "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = demo.communicate(timeout=DEMO_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        # Twice SIGTERM: the demo stops its broker, agents and pipeline at once, rather than leaving them behind.
+        demo.terminate()
+        time.sleep(1)
+        demo.terminate()
+        output, _ = demo.communicate(timeout=120)
+        pytest.fail(f"the demo did not finish within {DEMO_TIMEOUT} s:\n{output[-6000:]}")
+    assert demo.returncode == 0, output[-6000:]
+    assert "check passed" in output
+    assert "✓ shop.users: after ALTER TABLE shop.users ADD country text" in output, output[-3000:]
+    assert not workdir.exists(), "the work directory is removed at the end"
+
+
+def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("not the demo's")
+    result = CliRunner().invoke(app, ["demo", "--duration", "1", "--workdir", str(tmp_path), "--plain"])
+    assert result.exit_code == 1
+    assert "is not a demo work directory" in result.output
+    assert (tmp_path / "precious.txt").exists()
+
+
+# --- tail ---------------------------------------------------------------------------------------
+
+TAIL_SCHEMA = parse_schema("""
+CREATE TABLE shop.orders (id int, line int, item text, qty int, tags set<text>, PRIMARY KEY (id, line))
+    WITH ID = 7a11a11a-0000-4000-8000-000000000001 AND cdc = true;
+""")
+ORDERS = TAIL_SCHEMA.table("shop", "orders")
+
+
+def _produce(broker: EmbeddedBroker, topic: str, records: list[tuple[bytes, bytes | None]]) -> None:
+    broker.create_topic(topic, 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    for key, value in records:
+        producer.produce(topic, value, key)
+    assert producer.flush(30) == 0
+
+
+def _tail(*arguments: str) -> list[str]:
+    result = CliRunner().invoke(app, ["tail", *arguments])
+    assert result.exit_code == 0, result.output
+    return result.output.splitlines()
+
+
+def test_tail_prints_events_readably(broker: EmbeddedBroker) -> None:
+    topic = f"tail-{uuid.uuid4().hex[:8]}.shop.orders"
+    encoder = EventEncoder("tail", ORDERS)
+    source = Source("tail", "tail", "shop", "orders", 1_700_000_000_123_456, False, "node1", 1, 100)
+    before = {"id": 7, "line": 1, "item": "tea", "qty": 2, "tags": None}
+    after = {**before, "qty": 3, "tags": ["green"]}
+    _produce(broker, topic, [
+        (encoder.key(before), encoder.value(None, before, "c", source, 1)),
+        (encoder.key(after), encoder.value(before, after, "u", source, 2)),
+        (encoder.key(after), encoder.value(after, None, "d", Source("tail", "tail", "shop", "orders", 1, False, None,
+                                                                    None, None), 3)),
+        (encoder.key(after), None),
+    ])
+    lines = _tail(topic, "--bootstrap-servers", broker.bootstrap_servers, "--from-beginning", "--max", "4")
+    assert len(lines) == 4
+    assert lines[0] == '22:13:20.123 c shop.orders id=7 line=1  item="tea" qty=2'
+    assert lines[1] == '22:13:20.123 u shop.orders id=7 line=1  qty 2→3, tags null→["green"]'
+    assert lines[2].endswith("d shop.orders id=7 line=1  (expired: TTL)")
+    assert lines[3] == "tombstone id=7 line=1"
+    # --until-end stops at the end of the topic by itself.
+    assert len(_tail(topic, "--bootstrap-servers", broker.bootstrap_servers, "--from-beginning", "--until-end")) == 4
+
+
+def test_tail_decodes_raw_records_with_a_schema(broker: EmbeddedBroker, tmp_path: Path) -> None:
+    topic = f"tail-{uuid.uuid4().hex[:8]}.raw"
+    op = Insert("shop.orders", {"id": 3, "line": 0, "item": "cake", "tags": {"a", "b"}},
+                timestamp=1_700_000_000_000_000)
+    body = MutationSerializer.serialize(to_mutation(op, TAIL_SCHEMA), 7)
+    update = body[1:]  # a mutation of one partition update: its count (one byte), then the update
+    record = RawRecord("node2", 1234, 567, 7, op.timestamp, update)
+    _produce(broker, topic, [(record_key(update), record.encode())])
+    schema_file = tmp_path / "schema.cql"
+    schema_file.write_text(ORDERS.to_cql())
+    lines = _tail(topic, "--bootstrap-servers", broker.bootstrap_servers, "--from-beginning", "--max", "1",
+                  "--schema", str(schema_file))
+    assert lines[0] == "node2 CommitLog-7-1234.log@567 22:13:20.000 shop.orders (" + str(len(update)) + " bytes)"
+    assert '"type": "row"' in lines[1] and '"clustering": {"line": 0}' in lines[1]
+    assert '"column": "item", "value": "cake"' in lines[1]
+    # Without the table's schema: the header, and what is missing.
+    unknown = _tail(topic, "--bootstrap-servers", broker.bootstrap_servers, "--from-beginning", "--max", "1",
+                    "--schema-topic", f"no-such-topic-{uuid.uuid4().hex[:8]}")
+    assert unknown[0].endswith("no schema for this table: give --schema")
+
+
+def test_tail_of_a_missing_topic_is_an_error(broker: EmbeddedBroker) -> None:
+    result = CliRunner().invoke(app, ["tail", "no-such-topic", "--bootstrap-servers", broker.bootstrap_servers])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
+
+
+# --- the pieces ---------------------------------------------------------------------------------
+
+def test_replayed_rows_compare_with_the_model_columns_added_later_read_null() -> None:
+    events = [("t", {"op": "c", "after": {"id": 1, "v": "a"}, "before": None}),
+              ("t", {"op": "c", "after": {"id": 2, "v": "b"}, "before": None}),
+              ("t", {"op": "u", "after": {"id": 2, "v": "c"}, "before": {"id": 2, "v": "b"}}),
+              ("t", {"op": "d", "after": None, "before": {"id": 1, "v": "a"}}),
+              ("other", {"op": "c", "after": {"id": 9, "v": "z"}, "before": None})]
+    got = replay(events, "t", ["id"])
+    assert got == {(2,): {"id": 2, "v": "c"}}
+    assert compare_rows(got, {(2,): {"id": 2, "v": "c", "added": None}}, ["id", "v", "added"]) == []
+    problems = compare_rows(got, {(2,): {"id": 2, "v": "d", "added": None}, (3,): {"id": 3, "v": "x"}},
+                            ["id", "v", "added"])
+    assert problems == ["(2): v: events 'c', table 'd'",
+                        "(3): in the table, but no event made it (expected {id: 3, v: 'x'})"]
+    assert normalized({"s": frozenset({"b", "a"}), "t": (1, 2), "u": uuid.UUID(int=1)}) == {
+        "s": ["a", "b"], "t": [1, 2], "u": "00000000-0000-0000-0000-000000000001"}
+
+
+def test_the_simulated_cluster_takes_a_schema_change(tmp_path: Path) -> None:
+    schema = parse_schema(SCHEMA_CQL)
+    clock = Clock(start_micros=1_700_000_000_000_000)
+    cluster = Cluster(tmp_path, schema, nodes=3, rf=3)
+    workload = Workload(schema, seed=3, tables=["shop.users"], keys=5, clock=clock)
+    cluster.execute(Insert("shop.users", {"id": 1, "name": "ann"}, timestamp=clock.tick()))
+    altered = parse_schema(SCHEMA_CQL + ALTER_CQL)
+    cluster.alter_schema(altered)
+    workload.alter_schema(altered)
+    assert cluster.rows("shop.users", clock.now_seconds)[(1,)] == {"id": 1, "name": "ann", "email": None, "plan": None,
+                                                                   "country": None}
+    cluster.execute(Update("shop.users", {"id": 1}, {"country": "fr"}, timestamp=clock.tick()))
+    assert cluster.rows("shop.users", clock.now_seconds)[(1,)]["country"] == "fr"
+    mutation = cluster.execute(Update("shop.users", {"id": 2}, {"country": "de"}, timestamp=clock.tick()))
+    assert [c.name for c in mutation.updates[0].regular_columns] == ["country"]
+    # The workload writes the new column too.
+    ops: list[Any] = workload.take(200)
+    assert any("country" in getattr(op, "values", getattr(op, "set", {})) for op in ops)
+    with pytest.raises(ValueError, match="dropping columns"):
+        cluster.alter_schema(schema)
