@@ -82,3 +82,22 @@ def spark() -> Iterator[Any]:
     session.dataSource.register(KafkaDataSource)
     yield session
     session.stop()
+
+
+def start_agents(cluster: Any, broker: Any, server: str, root: Path) -> list[tuple[Any, Any]]:
+    """One in-process agent per simulated node (schema from ``root/schema.cql``); stop with ``stop_agents``."""
+    import threading
+
+    from cassandra_cdc.agent import Agent, load_config
+
+    agents = []
+    for node in cluster.nodes:
+        config = load_config(None, {
+            "server": server, "node_id": node.node_id, "cdc_raw": str(node.cdc_raw_dir),
+            "state_dir": str(root / f"state-{node.node_id}"), "schema.file": str(root / "schema.cql"),
+            "kafka.bootstrap_servers": broker.bootstrap_servers, "metrics.port": 0, "kafka.raw_topic_partitions": 4})
+        agent = Agent(config)
+        thread = threading.Thread(target=agent.run, daemon=True)
+        thread.start()
+        agents.append((agent, thread))
+    return agents

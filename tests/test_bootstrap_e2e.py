@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from cassandra_cdc.agent import Agent, load_config as load_agent_config
+from conftest import start_agents
 from cassandra_cdc.bootstrap import BootstrapReport, run_bootstrap
 from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.job import start
@@ -39,20 +39,6 @@ def ck(i: int | str) -> str:
 
 def key(pk: str, i: int | str) -> dict[str, str]:
     return {"pk": pk, "ck": ck(i)}
-
-
-def run_agents(cluster: Cluster, broker: EmbeddedBroker, root: Path) -> list[tuple[Agent, threading.Thread]]:
-    agents = []
-    for node in cluster.nodes:
-        config = load_agent_config(None, {
-            "server": SERVER, "node_id": node.node_id, "cdc_raw": str(node.cdc_raw_dir),
-            "state_dir": str(root / f"state-{node.node_id}"), "schema.file": str(root / "schema.cql"),
-            "kafka.bootstrap_servers": broker.bootstrap_servers, "metrics.port": 0, "kafka.raw_topic_partitions": 4})
-        agent = Agent(config)
-        thread = threading.Thread(target=agent.run, daemon=True)
-        thread.start()
-        agents.append((agent, thread))
-    return agents
 
 
 def topic_ends(broker: EmbeddedBroker, topic: str) -> dict[int, int]:
@@ -175,7 +161,7 @@ def test_bootstrap_while_agents_stream_gives_the_final_table_state_each_row_once
 
     cluster = Cluster(tmp_path / "cluster", schema, nodes=3, rf=3, cassandra_version="4.1", seed=11, shuffle=True,
                       segment_size=256 * 1024)
-    agents = run_agents(cluster, broker, tmp_path)
+    agents = start_agents(cluster, broker, SERVER, tmp_path)
     config = load_pipeline_config(None, {
         "server": SERVER, "checkpoint": str(tmp_path / "checkpoint"),
         "kafka.bootstrap_servers": broker.bootstrap_servers, "spark.trigger_interval": "500 milliseconds",

@@ -5,7 +5,6 @@ table, equal the table state the simulator computes independently from the CQL o
 from __future__ import annotations
 
 import json
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from cassandra_cdc.agent import Agent, load_config as load_agent_config
+from conftest import start_agents
 from cassandra_cdc.demo.check import normalized, replay
 from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.job import start
@@ -33,20 +32,6 @@ CREATE TABLE shop.users (id int PRIMARY KEY, name text, email text) WITH ID = 3f
     AND cdc = true;
 CREATE TABLE shop.audit (id int PRIMARY KEY, what text) WITH ID = 3f1b5a8e-0000-4000-8000-000000000004;
 """
-
-
-def run_agents(cluster: Cluster, broker: EmbeddedBroker, server: str, root: Path) -> list[tuple[Agent, threading.Thread]]:
-    agents = []
-    for node in cluster.nodes:
-        config = load_agent_config(None, {
-            "server": server, "node_id": node.node_id, "cdc_raw": str(node.cdc_raw_dir),
-            "state_dir": str(root / f"state-{node.node_id}"), "schema.file": str(root / "schema.cql"),
-            "kafka.bootstrap_servers": broker.bootstrap_servers, "metrics.port": 0, "kafka.raw_topic_partitions": 4})
-        agent = Agent(config)
-        thread = threading.Thread(target=agent.run, daemon=True)
-        thread.start()
-        agents.append((agent, thread))
-    return agents
 
 
 def consume_events(broker: EmbeddedBroker, topics: list[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -86,7 +71,7 @@ def test_replicas_merge_into_exactly_the_table_state(broker: EmbeddedBroker, tmp
                         clock=clock, ttl_seconds=(1, 3))
     cluster = Cluster(tmp_path / "cluster", schema, nodes=3, rf=3, cassandra_version="4.1", seed=3, shuffle=True,
                       segment_size=256 * 1024)
-    agents = run_agents(cluster, broker, server, tmp_path)
+    agents = start_agents(cluster, broker, server, tmp_path)
     pipeline_config = load_pipeline_config(None, {
         "server": server, "checkpoint": str(tmp_path / "checkpoint"),
         "kafka.bootstrap_servers": broker.bootstrap_servers, "kafka.max_offsets_per_trigger": 3000,
