@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
 
 from ..schema.model import Schema
 from .errors import MutationDecodeError
@@ -38,11 +36,7 @@ class MutationSerializer:
         MutationDecodeError naming the offset where decoding failed.
         """
         inp = DataInput(body)
-        with _decoding(inp):
-            count = inp.uvint()
-            if count < 1:
-                raise MutationDecodeError("a mutation with no partition update", 0)
-            mutation = Mutation([PartitionUpdateSerializer.deserialize(inp, schema, version) for _ in range(count)])
+        mutation = Mutation([update for _, update in _read_updates(inp, schema, version)])
         if inp.remaining:
             raise MutationDecodeError(f"{inp.remaining} bytes left after the last partition update", inp.pos)
         return mutation
@@ -64,22 +58,27 @@ def split_partition_updates(body: bytes, schema: Schema, version: int) -> list[t
     count, start = read_unsigned_vint(body, 0)
     if count == 1:
         return [(uuid.UUID(bytes=body[start:start + 16]), body[start:])]
-    inp = DataInput(body, start)
+    inp = DataInput(body)
+    updates = _read_updates(inp, schema, version)
+    ends = [begin for begin, _ in updates[1:]] + [inp.pos]
+    return [(update.table.id, body[begin:end]) for (begin, update), end in zip(updates, ends)]
+
+
+def _read_updates(inp: DataInput, schema: Schema, version: int) -> list[tuple[int, PartitionUpdate]]:
+    """The count, then the partition updates of a mutation with their start offsets.
+
+    Any failure becomes a MutationDecodeError naming the offset where decoding stopped.
+    """
     updates = []
-    with _decoding(inp):
+    try:
+        count = inp.uvint()
+        if count < 1:
+            raise MutationDecodeError("a mutation with no partition update", 0)
         for _ in range(count):
             begin = inp.pos
-            update = PartitionUpdateSerializer.deserialize(inp, schema, version)
-            updates.append((update.table.id, body[begin:inp.pos]))
-    return updates
-
-
-@contextlib.contextmanager
-def _decoding(inp: DataInput) -> Iterator[None]:
-    """Turn any failure inside a mutation into a MutationDecodeError naming the offset."""
-    try:
-        yield
+            updates.append((begin, PartitionUpdateSerializer.deserialize(inp, schema, version)))
     except MutationDecodeError:
         raise
     except (EndOfData, ValueError, IndexError, KeyError) as error:
         raise MutationDecodeError(str(error), inp.pos) from error
+    return updates
