@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..settings import ConfigError, load_settings
+from ..topics import ServerTopics
 
 __all__ = ["AgentConfig", "ConfigError", "load_config"]
 
@@ -89,7 +90,7 @@ class Metrics(_Section):
     host: str = Field("0.0.0.0", description="Address the metrics endpoint binds.")
 
 
-class AgentConfig(_Section):
+class AgentConfig(ServerTopics, _Section):
     server: str = Field(..., description="Logical name of the Cassandra cluster; prefix of every topic.")
     node_id: str = Field(default_factory=socket.gethostname, description="This node's id in raw records.")
     cdc_raw: Path = Field(..., description="The node's cdc_raw_directory.")
@@ -125,18 +126,6 @@ class AgentConfig(_Section):
         if not value.is_dir():
             raise ValueError(f"{value} is not a directory (Cassandra's cdc_raw_directory)")
         return value
-
-    @property
-    def raw_topic(self) -> str:
-        return self.kafka.raw_topic or f"{self.server}.raw"
-
-    @property
-    def schema_topic(self) -> str:
-        return self.kafka.schema_topic or self.server
-
-    @property
-    def errors_topic(self) -> str:
-        return self.kafka.errors_topic or f"{self.server}.errors"
 
     @property
     def quarantine(self) -> Path:

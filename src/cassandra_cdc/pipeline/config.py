@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..settings import ConfigError, load_settings
+from ..topics import ServerTopics
 
 __all__ = ["ConfigError", "PipelineConfig", "load_config"]
 
@@ -56,7 +57,7 @@ class OutputSettings(_Section):
                                                  "isolation.level=read_committed); false: at-least-once.")
 
 
-class PipelineConfig(_Section):
+class PipelineConfig(ServerTopics, _Section):
     server: str = Field(..., description="Logical cluster name, as the agents use it; prefix of every topic.")
     cluster: str | None = Field(None, description="Cassandra cluster name shown in events. Default: server")
     checkpoint: Path = Field(..., description="Spark checkpoint directory (offsets and merge state).")
@@ -64,18 +65,6 @@ class PipelineConfig(_Section):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     state: StateSettings = Field(default_factory=StateSettings)
     output: OutputSettings = Field(default_factory=OutputSettings)
-
-    @property
-    def raw_topic(self) -> str:
-        return self.kafka.raw_topic or f"{self.server}.raw"
-
-    @property
-    def schema_topic(self) -> str:
-        return self.kafka.schema_topic or self.server
-
-    @property
-    def errors_topic(self) -> str:
-        return self.kafka.errors_topic or f"{self.server}.errors"
 
     @property
     def commit_topic(self) -> str:
