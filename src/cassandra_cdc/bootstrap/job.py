@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,7 +22,7 @@ from .errors import BootstrapError
 from .plan import DEFAULT_TASK_BYTES, Task, plan
 from .progress import CompletedTasks, ProgressFile, Tracker
 from .publish import PublishSettings, TaskHook, publish_tasks
-from .records import RecordLimits
+from .records import RecordLimits, RecordStats
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +31,15 @@ SCHEMA_NODE = "bootstrap"
 KAFKA_TIMEOUT_SECONDS = 30.0
 
 
-@dataclass
-class BootstrapReport:
-    """What a run did. ``tasks_skipped``: completed by an earlier run (not read again)."""
+@dataclass(kw_only=True)
+class BootstrapReport(RecordStats):
+    """What a run did: the tasks' counts summed. ``tasks_skipped``: completed by an earlier run."""
 
     table: str
     tasks: int = 0
     tasks_skipped: int = 0
     tasks_run: int = 0
     sstables: int = 0
-    partitions: int = 0
-    rows: int = 0
-    range_tombstone_markers: int = 0
-    records: int = 0
-    record_bytes: int = 0
-    split_partitions: int = 0
-    unknown_cells: int = 0
     data_bytes: int = 0
     file_bytes: int = 0
     cpu_seconds: float = 0.0
@@ -100,7 +93,7 @@ def run_bootstrap(spark: Any, config: PipelineConfig, table_name: str, sstable_p
         store.remove()
     previous = store.load()
     remaining = [t for t in tasks if t.task_id not in previous]
-    report = BootstrapReport(table.qualified_name, tasks=len(tasks),
+    report = BootstrapReport(table=table.qualified_name, tasks=len(tasks),
                              tasks_skipped=len(tasks) - len(remaining), sstables=len({t.path for t in tasks}),
                              progress_file=str(store.path))
     log.info("bootstrap of %s: %d SSTables from %d nodes, %d tasks (%d completed before), %.1f MB of data",
@@ -150,9 +143,9 @@ def _run_tasks(spark: Any, config: PipelineConfig, table: TableMetadata, tasks: 
 def _add_results(report: BootstrapReport, results: list[dict[str, Any]]) -> None:
     report.task_results = results
     report.tasks_run = len(results)
-    for name in ("partitions", "rows", "range_tombstone_markers", "records", "record_bytes",
-                 "split_partitions", "unknown_cells", "data_bytes", "file_bytes", "cpu_seconds"):
-        setattr(report, name, sum(r[name] for r in results))
+    summed = [f.name for f in fields(RecordStats)] + ["data_bytes", "file_bytes", "cpu_seconds"]
+    for name in summed:
+        setattr(report, name, sum(r.get(name, 0) for r in results))
 
 
 def _counts(result: dict[str, Any]) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from ..sstable import SSTable, SSTableError, SSTableReadStats
 from ..topics.raw import RawRecord
 from .errors import BootstrapError
 from .plan import Task
-from .records import RecordBuilder, RecordLimits
+from .records import RecordBuilder, RecordLimits, RecordStats
 
 DEFAULT_PRODUCER: dict[str, Any] = {
     "enable.idempotence": True,
@@ -46,19 +46,12 @@ class PublishSettings:
     limits: RecordLimits = RecordLimits()
 
 
-@dataclass
-class TaskResult:
-    """What one task read and published."""
+@dataclass(kw_only=True)
+class TaskResult(RecordStats):
+    """What one task read and published: the record builder's counts, and what the task cost."""
 
     task_id: str
     node_id: str
-    partitions: int = 0
-    rows: int = 0
-    range_tombstone_markers: int = 0
-    records: int = 0
-    record_bytes: int = 0
-    split_partitions: int = 0
-    unknown_cells: int = 0
     data_bytes: int = 0  # uncompressed Data.db bytes covered
     file_bytes: int = 0  # Data.db bytes read (compressed)
     seconds: float = 0.0
@@ -87,7 +80,6 @@ def publish_tasks(tasks: Iterator[Task], settings: PublishSettings, completed: A
 def publish_task(task: Task, settings: PublishSettings) -> TaskResult:
     """Publish the partitions of one task; return once Kafka acknowledged every record."""
     started, cpu_started = time.monotonic(), time.process_time()
-    result = TaskResult(task.task_id, task.node_id, data_bytes=task.data_bytes)
     builder = RecordBuilder(SSTable(task.path), settings.table, task.node_id, settings.limits)
     read_stats = SSTableReadStats()
     sender = _Sender(settings)
@@ -99,15 +91,9 @@ def publish_task(task: Task, settings: PublishSettings) -> TaskResult:
         raise BootstrapError(f"task {task.task_id}: {error}") from None
     finally:
         sender.close()
-    stats = builder.stats
-    result.partitions, result.rows, result.range_tombstone_markers = stats.partitions, stats.rows, \
-        stats.range_tombstone_markers
-    result.records, result.record_bytes = stats.records, stats.record_bytes
-    result.split_partitions, result.unknown_cells = stats.split_partitions, stats.unknown_cells
-    result.file_bytes = read_stats.file_bytes
-    result.seconds = time.monotonic() - started
-    result.cpu_seconds = time.process_time() - cpu_started
-    return result
+    return TaskResult(**asdict(builder.stats), task_id=task.task_id, node_id=task.node_id,
+                      data_bytes=task.data_bytes, file_bytes=read_stats.file_bytes,
+                      seconds=time.monotonic() - started, cpu_seconds=time.process_time() - cpu_started)
 
 
 class _Sender:
