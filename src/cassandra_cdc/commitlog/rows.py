@@ -272,12 +272,23 @@ class UnfilteredSerializer:
 
     @staticmethod
     def deserialize_marker(inp: DataInput, header: SerializationHeader) -> RangeTombstoneMarker:
+        kind, clustering = UnfilteredSerializer.deserialize_marker_bound(inp, header)
+        return UnfilteredSerializer.deserialize_marker_deletions(inp, header, kind, clustering)
+
+    @staticmethod
+    def deserialize_marker_bound(inp: DataInput, header: SerializationHeader) -> tuple[BoundKind, Clustering]:
+        """A marker's kind and clustering prefix (SSTables put sizes between these and the deletions)."""
         kind = BoundKind(inp.byte())
         size = inp.uint16()
         types = header.clustering_types
         if size > len(types):
             raise ValueError(f"range tombstone bound has {size} values, the table {len(types)} clustering columns")
-        clustering = ClusteringSerializer.deserialize(inp, types[:size]) if size else ()
+        return kind, ClusteringSerializer.deserialize(inp, types[:size]) if size else ()
+
+    @staticmethod
+    def deserialize_marker_deletions(inp: DataInput, header: SerializationHeader, kind: BoundKind,
+                                     clustering: Clustering) -> RangeTombstoneMarker:
+        """A boundary's closing then opening deletion, or a bound's one deletion."""
         if kind.is_boundary:
             close = DeletionTime.deserialize(inp, header)
             return RangeTombstoneMarker(kind, clustering, DeletionTime.deserialize(inp, header), close)

@@ -21,7 +21,7 @@ from __future__ import annotations
 from ..commitlog.cells import INT_MAX, LONG_MIN, DeletionTime
 from ..commitlog.header import SerializationHeader
 from ..commitlog.partition import PartitionUpdate
-from ..commitlog.rows import (END_OF_PARTITION, EXTENSION_FLAG, IS_MARKER, IS_STATIC, BoundKind, ClusteringSerializer,
+from ..commitlog.rows import (END_OF_PARTITION, EXTENSION_FLAG, IS_MARKER, IS_STATIC, ClusteringSerializer,
                               RangeTombstoneMarker, Row, UnfilteredSerializer)
 from ..schema.model import TableMetadata
 from .descriptor import Version
@@ -122,20 +122,9 @@ class SSTablePartitionSerializer:
 
     @staticmethod
     def deserialize_marker(inp: StreamInput, header: SerializationHeader) -> RangeTombstoneMarker:
-        kind = BoundKind(inp.byte())
-        size = inp.uint16()
-        types = header.clustering_types
-        if size > len(types):
-            raise ValueError(f"range tombstone bound has {size} values, the table {len(types)} clustering columns")
-        clustering = ClusteringSerializer.deserialize(inp, types[:size]) if size else ()
+        kind, clustering = UnfilteredSerializer.deserialize_marker_bound(inp, header)
         end = _body_end(inp)
-        if kind.is_boundary:
-            close = DeletionTime.deserialize(inp, header)
-            marker = RangeTombstoneMarker(kind, clustering, DeletionTime.deserialize(inp, header), close)
-        elif kind.opens:
-            marker = RangeTombstoneMarker(kind, clustering, open_deletion=DeletionTime.deserialize(inp, header))
-        else:
-            marker = RangeTombstoneMarker(kind, clustering, close_deletion=DeletionTime.deserialize(inp, header))
+        marker = UnfilteredSerializer.deserialize_marker_deletions(inp, header, kind, clustering)
         _check_end(inp, end, "range tombstone marker")
         return marker
 
