@@ -296,14 +296,14 @@ def agent_path(path: Path, schema: Schema) -> int:
 
 
 def agent_path_split(path: Path, schema: Schema) -> int:
-    """The agent path through ``split_partition_updates`` (UUID table ids, one slice per update)."""
+    """The agent path through ``split_partition_updates`` (one slice per update)."""
     from cassandra_cdc.commitlog.mutation import split_partition_updates
     count = 0
     with SegmentReader(path) as reader:
         version = reader.version
         for entry in reader.entries():
-            for table_id, update in split_partition_updates(entry.body, schema, version):
-                table = schema.table_by_id(table_id)
+            for update in split_partition_updates(entry.body, schema, version):
+                table = schema.table_by_id(uuid.UUID(bytes=update[:16]))
                 key_length, pos = read_unsigned_vint(update, 16)
                 if table is None or len(update[pos:pos + key_length]) != key_length:
                     raise AssertionError("bad entry")

@@ -20,7 +20,6 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
@@ -30,7 +29,7 @@ from ..commitlog.mutation import split_partition_updates
 from ..commitlog.partition import peek_min_timestamp
 from ..commitlog.reader import DamageKind, Entry
 from ..schema import TableMetadata
-from ..topics.raw import RawRecord, record_key
+from ..topics.raw import encode_raw_record, record_key
 from ..topics.schemas import SchemaRecord
 from .cdc_raw import CdcSegment, ChangeNotifier, cdc_raw_bytes, list_segments, read_cdc_index
 from .config import AgentConfig
@@ -58,7 +57,7 @@ class SegmentProgress:
 
     def __init__(self, segment: CdcSegment, acknowledged: int, completed: bool = False) -> None:
         self.segment = segment
-        self.acknowledged = acknowledged
+        self._acknowledged = acknowledged
         self.read_position = acknowledged
         self.read_all = completed
         self.index_offset: int | None = None
@@ -68,19 +67,27 @@ class SegmentProgress:
         self._in_flight: deque[list[int]] = deque()
 
     def add(self, position: int, records: int) -> list[int]:
+        """An entry read; its delivery callbacks count its ``[1]`` down to 0."""
         entry = [max(position, self._in_flight[-1][0] if self._in_flight else position), records]
         self._in_flight.append(entry)
-        self.advance()
         return entry
 
-    def advance(self) -> None:
-        in_flight = self._in_flight
-        while in_flight and in_flight[0][1] == 0:
-            self.acknowledged = max(self.acknowledged, in_flight.popleft()[0])
+    @property
+    def acknowledged(self) -> int:
+        """The position up to which every record is acknowledged."""
+        self._advance()
+        return self._acknowledged
 
     @property
     def done(self) -> bool:
+        self._advance()
         return self.read_all and not self._in_flight
+
+    def _advance(self) -> None:
+        """Move over the leading entries whose records are all acknowledged: when asked, not per delivery."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0][1] == 0:
+            self._acknowledged = max(self._acknowledged, in_flight.popleft()[0])
 
 
 class Agent:
@@ -94,11 +101,13 @@ class Agent:
                                    config.kafka.producer, on_reachability=self._kafka_reachability)
         self.notifier = ChangeNotifier(config.cdc_raw)
         self._progress: dict[int, SegmentProgress] = {}
-        # Per table id: the metadata object last checked and the schema version published for it.
-        self._schemas_published: dict[uuid.UUID, tuple[TableMetadata, str]] = {}
-        # Per table id: (the metadata object, its mutations-read counter, its records-published counter or None
-        # when the table is not published), so that nothing is looked up or matched per record.
-        self._tables: dict[uuid.UUID, tuple[TableMetadata, Any, Any]] = {}
+        # Per table id: the version of its schema last published.
+        self._schemas_published: dict[uuid.UUID, str] = {}
+        # Per table id (its 16 bytes), for the schema loaded: what the per-record path needs to know of the table.
+        self._routes: dict[bytes, _Route] = {}
+        self._routes_schema = self.tables.schema
+        self._node_id = config.node_id.encode("utf-8")
+        self._raw_topic = config.raw_topic
         self._stopping = threading.Event()
         self._last_flush = self._last_space_check = 0.0
         self._space_warned = False
@@ -293,26 +302,27 @@ class Agent:
             self._dead_letter(progress, Damage(str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION,
                                                str(error), entry.section_offset, 0, entry.start, entry.body))
             return
-        published: list[tuple[TableMetadata, bytes, Any]] = []
-        for table_id, update in updates:
-            table = self.tables.lookup(table_id)
-            if table is None:
+        published: list[tuple[_Route, bytes]] = []
+        for update in updates:
+            route = self._route(update[:16])
+            if route is None:
                 self._skip(progress, entry)  # Cassandra drops the whole mutation
                 return
-            if table.keyspace == "system_schema":
+            self.metrics.mutations_read[route.name] += 1
+            if route.schema_change:
                 self.tables.schema_changed()
-            _, read, acknowledged = self._table_state(table)
-            read.inc()
-            if acknowledged is not None:
-                published.append((table, update, acknowledged))
+            if route.published:
+                published.append((route, update))
+        if published and not self._ensure_schemas_published(published):
+            return  # stopped while publishing a schema: the entry is read again after the restart
         slot = progress.add(entry.position, len(published))
-        now = time.monotonic()
-        for table, update, acknowledged in published:
-            self._ensure_schema_published(table)
-            record = RawRecord(self.config.node_id, progress.segment.segment_id, entry.position, version,
-                               peek_min_timestamp(update) or 0, update)
-            acknowledge = functools.partial(self._acknowledged, progress, slot, acknowledged, now)
-            if not self.publisher.publish(self.config.raw_topic, record_key(update), record.encode(), acknowledge,
+        produced_at = time.monotonic()
+        segment_id = progress.segment.segment_id
+        for route, update in published:
+            value = encode_raw_record(self._node_id, segment_id, entry.position, version,
+                                      peek_min_timestamp(update) or 0, update)
+            acknowledge = functools.partial(self._acknowledged, slot, route.name, produced_at)
+            if not self.publisher.publish(self._raw_topic, record_key(update), value, acknowledge,
                                           self._while_blocked):
                 return
 
@@ -320,34 +330,40 @@ class Agent:
         self.metrics.skipped.inc()
         progress.add(entry.position, 0)
 
-    def _table_state(self, table: TableMetadata) -> tuple[TableMetadata, Any, Any]:
-        """(table, mutations-read counter, records-published counter or None if not published), cached per
-        metadata object: ``labels()`` and the include/exclude patterns cost microseconds per call."""
-        state = self._tables.get(table.id)
-        if state is None or state[0] is not table:
-            name = table.qualified_name
-            published = self.metrics.records_published.labels(name) if self.tables.is_published(table) else None
-            state = (table, self.metrics.mutations_read.labels(name), published)
-            self._tables[table.id] = state
-        return state
+    def _route(self, table_id: bytes) -> _Route | None:
+        """The table of an update, by its id bytes; None for a table the schema does not know."""
+        if self.tables.schema is not self._routes_schema:  # reloaded: tables may have changed
+            self._routes.clear()
+            self._routes_schema = self.tables.schema
+        route = self._routes.get(table_id)
+        if route is None:
+            table = self.tables.lookup(uuid.UUID(bytes=table_id))
+            if table is None:
+                return None
+            route = self._routes[table_id] = _Route(table, self.tables.is_published(table))
+        return route
 
-    def _acknowledged(self, progress: SegmentProgress, slot: list[int], counter: Any, produced_at: float,
-                      error: KafkaError | None, _message: Message) -> None:
+    def _acknowledged(self, slot: list[int], table: str, produced_at: float, error: KafkaError | None,
+                      _message: Message) -> None:
         if self.publisher.check(error):
             slot[1] -= 1
-            progress.advance()
-            counter.inc()
+            self.metrics.records_published[table] += 1
             self.metrics.delivery_latency.observe(time.monotonic() - produced_at)
 
-    def _ensure_schema_published(self, table: TableMetadata) -> None:
-        """Publish (and wait for) the table's schema before its first record or after it changed."""
-        published = self._schemas_published.get(table.id)
-        if published is not None and published[0] is table:
-            return  # checked for this metadata object already (hashing the definition per record is costly)
+    def _ensure_schemas_published(self, published: list[tuple[_Route, bytes]]) -> bool:
+        """Publish the schema of each table before its first record; False if stopped meanwhile."""
+        for route, _ in published:
+            if not route.schema_published:
+                route.schema_published = self._ensure_schema_published(route.table)
+                if not route.schema_published:
+                    return False
+        return True
+
+    def _ensure_schema_published(self, table: TableMetadata) -> bool:
+        """Publish (and wait for) the table's schema unless this version is published; False if stopped meanwhile."""
         version = table.version_hash()
-        if published is not None and published[1] == version:
-            self._schemas_published[table.id] = (table, version)  # reloaded, unchanged
-            return
+        if self._schemas_published.get(table.id) == version:
+            return True
         record = SchemaRecord.of(table, self.config.node_id)
         delivered: list[KafkaError | None] = []
         self.publisher.publish(self.config.schema_topic, record.key, record.encode(),
@@ -355,8 +371,10 @@ class Agent:
         while not delivered and not self._stopping.is_set():
             self.publisher.poll(0.05)
         if delivered and self.publisher.check(delivered[0]):
-            self._schemas_published[table.id] = (table, version)
+            self._schemas_published[table.id] = version
             log.info("published the schema of %s (version %s)", table.qualified_name, version)
+            return True
+        return False
 
     # --- damage -----------------------------------------------------------------------------------
 
@@ -375,8 +393,7 @@ class Agent:
         if damage.raw:
             (self.config.quarantine / f"{stem}.bin").write_bytes(damage.raw)
         slot = progress.add(where, 1)
-        acknowledge = functools.partial(self._acknowledged, progress, slot,
-                                        self.metrics.records_published.labels("errors"), time.monotonic())
+        acknowledge = functools.partial(self._acknowledged, slot, "errors", time.monotonic())
         self.publisher.publish(self.config.errors_topic, stem.encode(),
                                json.dumps(report).encode(), acknowledge, self._while_blocked)
 
@@ -463,6 +480,19 @@ class Agent:
         self.positions.forget(segment.segment_id)
         self.positions.save()
         del self._progress[segment.segment_id]
+
+
+class _Route:
+    """What the per-record path needs of a table, worked out once per schema load."""
+
+    __slots__ = ("name", "published", "schema_change", "schema_published", "table")
+
+    def __init__(self, table: TableMetadata, published: bool) -> None:
+        self.table = table
+        self.name = table.qualified_name
+        self.published = published
+        self.schema_change = table.keyspace == "system_schema"  # the node logged a CREATE/ALTER/DROP
+        self.schema_published = False
 
 
 def _damage_position(damage: Damage) -> int:

@@ -120,6 +120,13 @@ class AgentConfig(ServerTopics, _Section):
             raise ValueError("use letters, digits, '.', '_' and '-' only (it prefixes Kafka topic names)")
         return value
 
+    @field_validator("node_id")
+    @classmethod
+    def _fits_raw_records(cls, value: str) -> str:
+        if not value or len(value.encode("utf-8")) > 255:
+            raise ValueError("must be 1 to 255 bytes of UTF-8 (raw records carry it with a one-byte length)")
+        return value
+
     @field_validator("cdc_raw")
     @classmethod
     def _existing_directory(cls, value: Path) -> Path:

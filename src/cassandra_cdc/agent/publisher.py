@@ -90,7 +90,8 @@ class Publisher:
     def check(self, error: KafkaError | None) -> bool:
         """For delivery callbacks: True if delivered; records a permanent failure otherwise."""
         if error is None:
-            self._set_reachable(True)
+            if not self.reachable:
+                self._set_reachable(True)
             return True
         self.failure = DeliveryFailed(f"Kafka did not accept a record: {error}")
         return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from dataclasses import dataclass, field
 
 from ..schema.model import Schema
@@ -50,18 +49,18 @@ class MutationSerializer:
         return bytes(out)
 
 
-def split_partition_updates(body: bytes, schema: Schema, version: int) -> list[tuple[uuid.UUID, bytes]]:
-    """The serialized partition updates of a mutation, with their table ids, without decoding rows
-    when the mutation has a single update (the common case). Several updates have no length prefix,
-    so finding their boundaries decodes them (and needs every table's schema, as Cassandra does).
+def split_partition_updates(body: bytes, schema: Schema, version: int) -> list[bytes]:
+    """The serialized partition updates of a mutation (each starts with its 16-byte table id), without
+    decoding rows when the mutation has a single update (the common case). Several updates have no
+    length prefix, so finding their boundaries decodes them (and needs every table's schema, as
+    Cassandra does).
     """
     count, start = read_unsigned_vint(body, 0)
     if count == 1:
-        return [(uuid.UUID(bytes=body[start:start + 16]), body[start:])]
+        return [body[start:]]
     inp = DataInput(body)
-    updates = _read_updates(inp, schema, version)
-    ends = [begin for begin, _ in updates[1:]] + [inp.pos]
-    return [(update.table.id, body[begin:end]) for (begin, update), end in zip(updates, ends)]
+    starts = [begin for begin, _ in _read_updates(inp, schema, version)]
+    return [body[begin:end] for begin, end in zip(starts, starts[1:] + [inp.pos])]
 
 
 def _read_updates(inp: DataInput, schema: Schema, version: int) -> list[tuple[int, PartitionUpdate]]:

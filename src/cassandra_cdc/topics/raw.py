@@ -59,13 +59,8 @@ class RawRecord:
         return hashlib.md5(self.update).digest()
 
     def encode(self) -> bytes:
-        node = self.node_id.encode("utf-8")
-        if len(node) > 255:
-            raise RawRecordError(f"node id {self.node_id!r} is longer than 255 bytes")
-        flags = FLAG_SNAPSHOT if self.snapshot else 0
-        header = _HEADER.pack(FORMAT_VERSION, flags, self.commitlog_version, len(node), self.digest,
-                              self.segment_id, self.position, self.write_time)
-        return header + node + self.update
+        return encode_raw_record(self.node_id.encode("utf-8"), self.segment_id, self.position, self.commitlog_version,
+                                 self.write_time, self.update, self.snapshot)
 
     @staticmethod
     def decode(value: bytes) -> "RawRecord":
@@ -80,6 +75,16 @@ class RawRecord:
             raise RawRecordError("raw record digest does not match its partition update bytes")
         return RawRecord(value[HEADER_SIZE:node_end].decode("utf-8"), segment_id, position, cl_version, write_time,
                          update, bool(flags & FLAG_SNAPSHOT))
+
+
+def encode_raw_record(node_id: bytes, segment_id: int, position: int, commitlog_version: int, write_time: int,
+                      update: bytes, snapshot: bool = False) -> bytes:
+    """The value of ``RawRecord(...).encode()``, without building the record: the agent's per-record path."""
+    if len(node_id) > 255:
+        raise RawRecordError(f"node id {node_id!r} is longer than 255 bytes")
+    header = _HEADER.pack(FORMAT_VERSION, FLAG_SNAPSHOT if snapshot else 0, commitlog_version, len(node_id),
+                          hashlib.md5(update).digest(), segment_id, position, write_time)
+    return header + node_id + update
 
 
 def record_key(update: bytes) -> bytes:
