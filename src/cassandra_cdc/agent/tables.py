@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Callable
 
-from ..schema import Schema, TableMetadata, load_schema_files
+from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
 from ..schema.system_schema import fetch_schema
 from .config import AgentConfig
 
@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 
 # A table id nobody knows is looked up again at most this often.
 RELOAD_INTERVAL_SECONDS = 10.0
+# A changed schema file is read once it has stayed unchanged this long: an editor or a copy may still be
+# writing it, and a half-written file could parse into a schema that lacks tables.
+SETTLE_SECONDS = 0.5
 
 
 class TableRegistry:
@@ -28,6 +31,7 @@ class TableRegistry:
         self._config = config
         self._load = loader or _schema_loader(config)
         self._loaded_at = 0.0
+        self._changed: tuple[tuple[int, int] | None, float] | None = None  # (new stamp, first seen at)
         self._unknown_logged: set[uuid.UUID] = set()
         self.schema = Schema()
         self.reload()
@@ -40,15 +44,36 @@ class TableRegistry:
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
 
     def reload_if_changed(self) -> None:
-        """Reload when the schema file was modified since the last load."""
-        if self._config.schema_.file is not None and self._file_stamp() != self._stamp:
-            log.info("schema file %s changed: reloading it", self._config.schema_.file)
+        """Reload when the schema file was modified since the last load and has settled.
+
+        A file that cannot be read or parsed leaves the loaded schema in place (logged), until it changes again.
+        """
+        path = self._config.schema_.file
+        stamp = self._file_stamp()
+        if path is None or stamp == self._stamp:
+            return
+        now = time.monotonic()
+        if self._changed is None or self._changed[0] != stamp:
+            self._changed = (stamp, now)
+            return
+        if now - self._changed[1] < SETTLE_SECONDS:
+            return
+        log.info("schema file %s changed: reloading it", path)
+        self._reload_or_keep()
+
+    def _reload_or_keep(self) -> None:
+        """Reload while running: a schema that cannot be loaded now keeps the previous one rather than stopping
+        the agent (it is tried again when the file changes or the next reload is due)."""
+        try:
             self.reload()
+        except Exception as error:  # noqa: BLE001 - any loader's failure (parse, I/O, cluster unreachable)
+            self._loaded_at = time.monotonic()
+            log.error("the schema cannot be loaded (%s): keeping the schema loaded before", error)
 
     def schema_changed(self) -> None:
         """The node logged a schema change: reload (rate-limited), so later records use the new definition."""
         if time.monotonic() - self._loaded_at >= RELOAD_INTERVAL_SECONDS or self._file_stamp() != self._stamp:
-            self.reload()
+            self._reload_or_keep()
 
     def _file_stamp(self) -> tuple[int, int] | None:
         path = self._config.schema_.file
@@ -65,7 +90,7 @@ class TableRegistry:
         """The table with this id, reloading the schema (rate-limited) when it is unknown."""
         table = self.schema.table_by_id(table_id)
         if table is None and time.monotonic() - self._loaded_at >= RELOAD_INTERVAL_SECONDS:
-            self.reload()
+            self._reload_or_keep()
             table = self.schema.table_by_id(table_id)
         if table is None and table_id not in self._unknown_logged:
             self._unknown_logged.add(table_id)
@@ -78,7 +103,13 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
     source = config.schema_
     if source.file is not None:
         path = source.file
-        return lambda: load_schema_files([path])
+
+        def from_file() -> Schema:
+            schema = load_schema_files([path])
+            if not len(schema):
+                raise SchemaError("no CREATE TABLE statement", str(path))
+            return schema
+        return from_file
 
     def from_cluster() -> Schema:
         from cassandra.auth import PlainTextAuthProvider
