@@ -529,9 +529,10 @@ def test_unreadable_idx_is_retried_never_misread(harness: MakeHarness,
 
 
 def test_newer_segment_waits_while_the_older_idx_is_unreadable(harness: MakeHarness,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     """The older segment's idx caught mid-rewrite (its final COMPLETED rewrite): the newer segment is not read
-    before it, so a partition's changes keep the node's order."""
+    before it, so a partition's changes keep the node's order. An idx that stays unreadable is logged, once."""
     h = harness(segment_size=16 * 1024)
     unreadable = collections.Counter[str]()
     read_index = agent_module.read_cdc_index
@@ -549,9 +550,14 @@ def test_newer_segment_waits_while_the_older_idx_is_unreadable(harness: MakeHarn
     older_index = h.cdc_raw / older.path.name.replace(".log", "_cdc.idx")
     completed = older_index.read_text()
     older_index.write_text("")  # Cassandra truncated it and has not written it yet
-    with running(h.config()):
+    with running(h.config(stale_segment_seconds=0.5)):
         raw = h.raw_reader()
         wait_until(lambda: unreadable[older_index.name] >= 3, "the agent to read the older idx three times")
+        def blocked() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if older_index.name in r.getMessage() and "newer one" in r.getMessage()]
+        wait_until(lambda: bool(blocked()), "the blocking idx logged")
+        time.sleep(0.6)
+        assert len(blocked()) == 1 and blocked()[0].levelno == logging.ERROR
         raw.poll(0.1)
         assert not any(r.segment_id != older.descriptor.segment_id for r in raw.records), \
             "a newer segment was published while the older one's idx was unreadable"
@@ -1064,6 +1070,11 @@ def test_agent_status(tmp_path: Path, harness: MakeHarness) -> None:
     assert result.exit_code == 0, result.output
     rows = status_rows(result.output)
     assert rows and all(cells[2] == "-" and cells[4] == "in progress" for cells in rows.values())
+    # A mistyped directory: one line that names it.
+    missing = tmp_path / "no-such-cdc_raw"
+    result = runner.invoke(app, ["agent", "status", "--cdc-raw", str(missing), "--state-dir", str(tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert f"error: {missing} is not a directory" in result.output
 
 
 def status_rows(output: str) -> dict[str, list[str]]:

@@ -64,6 +64,8 @@ class SegmentProgress:
         self.resume: tuple[int, int] | None = None  # where the sections read so far end (SegmentReader)
         self.changed_at = time.monotonic()
         self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
+        self.unreadable_since: float | None = None  # since when its idx has been read unreadable, in a row
+        self.unreadable_logged = False
         self._in_flight: deque[list[int]] = deque()
 
     def add(self, position: int, records: int) -> list[int]:
@@ -192,8 +194,10 @@ class Agent:
             extent = self._readable_extent(progress, segments[index + 1:])
             if extent is None:
                 if segment.index_path.exists():
+                    self._index_unreadable(progress)
                     break  # its idx was caught mid-rewrite: nothing newer before it is read again
                 continue  # 4.0+ segment without CDC data (yet): newer segments do not wait for it
+            progress.unreadable_since = None
             limit, final = extent
             if limit is None or limit > progress.read_position:
                 progressed |= self._read(progress, limit, final)
@@ -225,6 +229,17 @@ class Agent:
             progress = SegmentProgress(segment, saved.position if saved else 0, saved.completed if saved else False)
             self._progress[segment.segment_id] = progress
         return progress
+
+    def _index_unreadable(self, progress: SegmentProgress) -> None:
+        """An idx read mid-rewrite is normal; one that stays unreadable blocks every newer segment: say so, once."""
+        now = time.monotonic()
+        if progress.unreadable_since is None:
+            progress.unreadable_since = now
+        elif now - progress.unreadable_since >= self.config.stale_segment_seconds and not progress.unreadable_logged:
+            progress.unreadable_logged = True
+            log.error("%s has been unreadable for %.0f s (not '<offset>' or '<offset>\\nCOMPLETED'): this segment "
+                      "and every newer one wait until it is readable", progress.segment.index_path,
+                      now - progress.unreadable_since)
 
     def _readable_extent(self, progress: SegmentProgress, newer: list[CdcSegment]) -> tuple[int | None, bool] | None:
         """(limit, final) for the next read of a segment, or None when there is nothing to read yet.

@@ -72,6 +72,9 @@ def status(config: ConfigOption = None,
     if cdc_raw is None or state_dir is None:
         typer.echo("error: give --config, or --cdc-raw and --state-dir", err=True)
         raise typer.Exit(2)
+    if not cdc_raw.is_dir():
+        typer.echo(f"error: {cdc_raw} is not a directory (the node's cdc_raw_directory)", err=True)
+        raise typer.Exit(2)
     rows = segment_statuses(cdc_raw, state_dir)
     table = Table("segment", "durable offset", "Cassandra", "acknowledged", "lag bytes", "agent")
     for row in rows:
