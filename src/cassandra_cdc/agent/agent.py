@@ -10,7 +10,6 @@ acknowledged; a segment is cleaned up once it is COMPLETED and fully acknowledge
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import logging
 import shutil
@@ -19,9 +18,9 @@ import subprocess
 import threading
 import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 
-from confluent_kafka import KafkaError, KafkaException, Message
+from confluent_kafka import KafkaError, KafkaException
 
 from ..commitlog import Damage, KeyStore, SegmentReader, UnknownTableError
 from ..commitlog.errors import CommitLogError, MutationDecodeError
@@ -33,6 +32,7 @@ from ..topics.raw import encode_raw_record, record_key
 from ..topics.schemas import SchemaRecord
 from .cdc_raw import CdcSegment, ChangeNotifier, cdc_raw_bytes, list_segments, read_cdc_index
 from .config import AgentConfig
+from .deliveries import NOTHING, Deliveries, Receipt
 from .metrics import AgentMetrics
 from .publisher import Publisher
 from .state import PositionStore
@@ -49,13 +49,15 @@ SPACE_CHECK_SECONDS = 1.0
 
 
 class SegmentProgress:
-    """Entries of one segment in flight to Kafka, oldest first.
+    """Records of one segment in flight to Kafka, oldest first.
 
-    Each entry is ``[position, records not yet acknowledged]``; the acknowledged position moves over
-    the leading entries whose records are all acknowledged.
+    Each is ``(position, receipt, table)``: where the segment's acknowledged position moves once that record
+    and all before it are acknowledged (the entry's end for its last record, the position before the entry
+    for the others).
     """
 
-    def __init__(self, segment: CdcSegment, acknowledged: int, completed: bool = False) -> None:
+    def __init__(self, segment: CdcSegment, acknowledged: int, deliveries: Deliveries, published: Counter[str],
+                 completed: bool = False) -> None:
         self.segment = segment
         self._acknowledged = acknowledged
         self.read_position = acknowledged
@@ -66,13 +68,22 @@ class SegmentProgress:
         self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
         self.unreadable_since: float | None = None  # since when its idx has been read unreadable, in a row
         self.unreadable_logged = False
-        self._in_flight: deque[list[int]] = deque()
+        self._deliveries = deliveries
+        self._published = published
+        self._in_flight: deque[tuple[int, Receipt, str | None]] = deque()
 
-    def add(self, position: int, records: int) -> list[int]:
-        """An entry read; its delivery callbacks count its ``[1]`` down to 0."""
-        entry = [max(position, self._in_flight[-1][0] if self._in_flight else position), records]
-        self._in_flight.append(entry)
-        return entry
+    def add(self, position: int, records: list[tuple[Receipt, str]]) -> None:
+        """An entry read, with the receipts of the records it published and their tables."""
+        in_flight = self._in_flight
+        before = in_flight[-1][0] if in_flight else self._acknowledged
+        position = max(position, before)
+        if not records:
+            in_flight.append((position, NOTHING, None))
+            return
+        for receipt, table in records[:-1]:
+            in_flight.append((before, receipt, table))
+        receipt, table = records[-1]
+        in_flight.append((position, receipt, table))
 
     @property
     def acknowledged(self) -> int:
@@ -86,10 +97,14 @@ class SegmentProgress:
         return self.read_all and not self._in_flight
 
     def _advance(self) -> None:
-        """Move over the leading entries whose records are all acknowledged: when asked, not per delivery."""
+        """Move over the leading records Kafka has acknowledged: when asked, not per delivery."""
         in_flight = self._in_flight
-        while in_flight and in_flight[0][1] == 0:
-            self._acknowledged = max(self._acknowledged, in_flight.popleft()[0])
+        is_acknowledged = self._deliveries.is_acknowledged
+        while in_flight and is_acknowledged(in_flight[0][1]):
+            position, _, table = in_flight.popleft()
+            self._acknowledged = max(self._acknowledged, position)
+            if table is not None:
+                self._published[table] += 1
 
 
 class Agent:
@@ -101,6 +116,7 @@ class Agent:
         self.keystore = _keystore(config)
         self.publisher = Publisher(config.kafka.bootstrap_servers, config.kafka.max_buffered_bytes,
                                    config.kafka.producer, on_reachability=self._kafka_reachability)
+        self.deliveries = Deliveries(self.publisher, self.metrics.delivery_latency)
         self.notifier = ChangeNotifier(config.cdc_raw)
         self._progress: dict[int, SegmentProgress] = {}
         # Per table id: the version of its schema last published.
@@ -138,6 +154,7 @@ class Agent:
                     self._wait_for_change()
         finally:
             self.notifier.stop()
+            self.deliveries.seal(self._while_blocked)
             remaining = self.publisher.flush(SHUTDOWN_FLUSH_SECONDS)
             self._save_positions()
             if remaining:
@@ -226,7 +243,8 @@ class Agent:
         progress = self._progress.get(segment.segment_id)
         if progress is None:
             saved = self.positions.get(segment.segment_id)
-            progress = SegmentProgress(segment, saved.position if saved else 0, saved.completed if saved else False)
+            progress = SegmentProgress(segment, saved.position if saved else 0, self.deliveries,
+                                       self.metrics.records_published, saved.completed if saved else False)
             self._progress[segment.segment_id] = progress
         return progress
 
@@ -291,13 +309,16 @@ class Agent:
             return False
         with reader:
             stopped = False
-            for entry in reader.entries():
-                self._publish_entry(progress, reader.version, entry)
-                progress.read_position = entry.position
-                read_any = True
-                if self._stopping.is_set():
-                    stopped = True
-                    break
+            try:
+                for entry in reader.entries():
+                    self._publish_entry(progress, reader.version, entry)
+                    progress.read_position = entry.position
+                    read_any = True
+                    if self._stopping.is_set():
+                        stopped = True
+                        break
+            finally:
+                self.deliveries.seal(self._while_blocked)  # the records held back, so that they report delivery
             progress.resume = reader.resume_point
             if not stopped:
                 progress.read_position = max(progress.read_position, reader.position)
@@ -330,20 +351,20 @@ class Agent:
                 published.append((route, update))
         if published and not self._ensure_schemas_published(published):
             return  # stopped while publishing a schema: the entry is read again after the restart
-        slot = progress.add(entry.position, len(published))
-        produced_at = time.monotonic()
         segment_id = progress.segment.segment_id
+        sent = []
         for route, update in published:
             value = encode_raw_record(self._node_id, segment_id, entry.position, version,
                                       peek_min_timestamp(update) or 0, update)
-            acknowledge = functools.partial(self._acknowledged, slot, route.name, produced_at)
-            if not self.publisher.publish(self._raw_topic, record_key(update), value, acknowledge,
-                                          self._while_blocked):
-                return
+            receipt = self.deliveries.send(self._raw_topic, record_key(update), value, self._while_blocked)
+            if receipt is None:
+                return  # stopped while Kafka's queue was full: the entry is read again after the restart
+            sent.append((receipt, route.name))
+        progress.add(entry.position, sent)
 
     def _skip(self, progress: SegmentProgress, entry: Entry) -> None:
         self.metrics.skipped.inc()
-        progress.add(entry.position, 0)
+        progress.add(entry.position, [])
 
     def _route(self, table_id: bytes) -> _Route | None:
         """The table of an update, by its id bytes; None for a table the schema does not know."""
@@ -357,13 +378,6 @@ class Agent:
                 return None
             route = self._routes[table_id] = _Route(table, self.tables.is_published(table))
         return route
-
-    def _acknowledged(self, slot: list[int], table: str, produced_at: float, error: KafkaError | None,
-                      _message: Message) -> None:
-        if self.publisher.check(error):
-            slot[1] -= 1
-            self.metrics.records_published[table] += 1
-            self.metrics.delivery_latency.observe(time.monotonic() - produced_at)
 
     def _ensure_schemas_published(self, published: list[tuple[_Route, bytes]]) -> bool:
         """Publish the schema of each table before its first record; False if stopped meanwhile."""
@@ -407,10 +421,10 @@ class Agent:
         (self.config.quarantine / f"{stem}.json").write_text(json.dumps(report, indent=1))
         if damage.raw:
             (self.config.quarantine / f"{stem}.bin").write_bytes(damage.raw)
-        slot = progress.add(where, 1)
-        acknowledge = functools.partial(self._acknowledged, slot, "errors", time.monotonic())
-        self.publisher.publish(self.config.errors_topic, stem.encode(),
-                               json.dumps(report).encode(), acknowledge, self._while_blocked)
+        receipt = self.deliveries.send(self.config.errors_topic, stem.encode(), json.dumps(report).encode(),
+                                       self._while_blocked)
+        if receipt is not None:
+            progress.add(where, [(receipt, "errors")])
 
     # --- housekeeping -----------------------------------------------------------------------------
 

@@ -31,6 +31,8 @@ class Publisher:
         settings: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
             "enable.idempotence": True,
+            # A record that fails for good is a fatal error, never a gap: deliveries.py relies on it.
+            "enable.gapless.guarantee": True,
             "acks": "all",
             "message.timeout.ms": 0,  # never give up on a record: order and completeness over latency
             "linger.ms": 5,
@@ -74,18 +76,25 @@ class Publisher:
                 if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
 
-    def publish(self, topic: str, key: bytes, value: bytes, on_delivery: Acknowledge,
-                should_stop: Callable[[], bool] = lambda: False) -> bool:
-        """Queue one record; block while the queue is full. Return False if asked to stop meanwhile."""
+    def publish(self, topic: str, key: bytes, value: bytes, on_delivery: Acknowledge | None,
+                should_stop: Callable[[], bool] = lambda: False, partition: int = -1) -> bool:
+        """Queue one record (to the partition librdkafka picks when -1); block while the queue is full.
+        Return False if asked to stop meanwhile."""
         while True:
             try:
-                self._producer.produce(topic, value, key, on_delivery=on_delivery)
+                self._producer.produce(topic, value, key, partition, on_delivery=on_delivery)
                 return True
             except BufferError:
                 self._producer.poll(0.05)  # wait for acknowledgements to make room
                 self.raise_failure()
                 if should_stop():
                     return False
+
+    def partition_count(self, topic: str, timeout: float = 30.0) -> int:
+        metadata = self._producer.list_topics(topic, timeout=timeout).topics[topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        return len(metadata.partitions)
 
     def check(self, error: KafkaError | None) -> bool:
         """For delivery callbacks: True if delivered; records a permanent failure otherwise."""
