@@ -1162,6 +1162,9 @@ def with_changes(**changes: Any) -> dict[str, Any]:
     (yaml.safe_dump(with_changes(cleanup={"mode": "shred"})), "cleanup.mode: Input should be"),
     (yaml.safe_dump(with_changes(poll_interval_ms=0)), "poll_interval_ms: Input should be greater"),
     (yaml.safe_dump(with_changes(metrics={"port": 70000})), "metrics.port: Input should be less"),
+    (yaml.safe_dump(with_changes(kafka__producer={"acks": "1", "linger.ms": 50})),
+     "kafka.producer: Value error, acks cannot be changed"),
+    (yaml.safe_dump(with_changes(node_id="n" * 300)), "node_id: Value error, must be 1 to 255 bytes"),
     ("server: [unclosed\n", "while parsing"),
     ("- a\n- b\n", "must be a YAML mapping"),
 ])

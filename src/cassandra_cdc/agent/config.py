@@ -50,6 +50,11 @@ class TableFilter(_Section):
         return not any(fnmatch.fnmatchcase(qualified_name, p) for p in self.exclude)
 
 
+# Producer settings the agent's no-loss and acknowledgement logic depends on (publisher.py, deliveries.py).
+PRODUCER_GUARANTEES = frozenset({"enable.idempotence", "enable.gapless.guarantee", "acks", "message.timeout.ms",
+                                 "partitioner"})
+
+
 class KafkaSettings(_Section):
     bootstrap_servers: str = Field(..., description="Kafka bootstrap servers, host:port[,host:port].")
     raw_topic: str | None = Field(None, description="Raw change topic. Default: <server>.raw")
@@ -60,6 +65,14 @@ class KafkaSettings(_Section):
                                      description="Extra librdkafka producer settings (security, batching).")
     max_buffered_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
                                     description="Unacknowledged bytes held in memory before reading pauses.")
+
+    @field_validator("producer")
+    @classmethod
+    def _keeps_the_delivery_guarantees(cls, value: dict[str, Any]) -> dict[str, Any]:
+        fixed = sorted(PRODUCER_GUARANTEES & value.keys())
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot be changed: the agent relies on them never to lose a record")
+        return value
 
 
 class Cleanup(_Section):
