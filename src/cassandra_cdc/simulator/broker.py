@@ -83,7 +83,17 @@ class EmbeddedBroker:
         """Stop the broker, saving its data; does nothing if it is not running."""
         if not self._running:
             return
-        self._noida("down")
+        deadline = time.monotonic() + COMMAND_TIMEOUT
+        while True:
+            try:
+                self._noida("down")
+                break
+            except BrokerError as error:
+                # On a loaded machine the broker can take longer to save its data and exit than ``down`` waits;
+                # ``down`` again waits again (and reports success once it has exited).
+                if "still running" not in str(error) or time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
         self._running = False
         atexit.unregister(self.stop)
 
