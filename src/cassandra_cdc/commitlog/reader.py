@@ -258,7 +258,8 @@ class SegmentReader:
         segment_id = self.descriptor.segment_id
         start_after = self.start
         for section in self.sections():
-            data, end = section.data, len(section.data)
+            # Bodies are sliced from a memoryview with one copy (tobytes), not a view slice then bytes().
+            data, end = memoryview(section.data), len(section.data)
             base = section.logical_start
             pos = 0
             while pos < end:
@@ -278,8 +279,9 @@ class SegmentReader:
                 if size < MIN_MUTATION_SIZE:
                     self.report(DamageKind.INVALID_MUTATION_SIZE, f"size {size}", section.file_offset, base + pos)
                     break
-                size_field = _INT.pack(size)
-                if size_crc is None or size_crc != zlib.crc32(size_field):
+                # The entry CRC covers the size field then the body: the size CRC is its seed.
+                size_field_crc = zlib.crc32(_INT.pack(size))
+                if size_crc is None or size_crc != size_field_crc:
                     self.report(DamageKind.SIZE_CRC_MISMATCH, f"size {size}", section.file_offset, base + pos)
                     break
                 entry_end = pos + ENTRY_OVERHEAD_SIZE + size
@@ -291,9 +293,9 @@ class SegmentReader:
                 if position <= start_after:
                     pos = entry_end  # delivered before (a resumed read): its CRC was checked then
                     continue
-                body = bytes(data[pos + 8:pos + 8 + size])
+                body = data[pos + 8:pos + 8 + size].tobytes()
                 (crc,) = _UINT.unpack_from(data, entry_end - 4)
-                if crc != zlib.crc32(body, zlib.crc32(size_field)):
+                if crc != zlib.crc32(body, size_field_crc):
                     self.report(DamageKind.ENTRY_CRC_MISMATCH, f"entry of {size} bytes",
                                  section.file_offset, base + pos, raw=body)
                 else:
