@@ -81,7 +81,7 @@ class SerializationHeader:
         self.stats = stats
         self.regulars = regulars
         self.statics = statics
-        self.clustering_types = tuple(c.type for c in table.clustering)
+        self.clustering_types = table.clustering_types
         self._unsigned_ldt = version >= VERSION_UNSIGNED_DELETION_TIMES
 
     def columns(self, is_static: bool) -> tuple[ColumnMetadata, ...]:

@@ -5,6 +5,7 @@ Big-endian fixed-width integers as java.io.DataInput/DataOutput, plus Cassandra'
 
 from __future__ import annotations
 
+import mmap
 import struct
 
 from .vint import read_unsigned_vint, write_unsigned_vint
@@ -19,10 +20,19 @@ class EndOfData(ValueError):
 
 
 class DataInput:
+    """A cursor over bytes: ``buf[pos:end]`` is what is left to read.
+
+    Serializers on hot paths read ``buf`` at ``pos`` directly and store ``pos`` back (a "local cursor":
+    attribute and method lookups per field cost more than the decoding); they call ``require`` first when
+    their input may not all be in ``buf`` yet (see ``StreamInput``).
+    """
+
     __slots__ = ("buf", "pos", "end")
 
-    def __init__(self, buf: bytes | memoryview, pos: int = 0, end: int | None = None) -> None:
-        self.buf = buf
+    def __init__(self, buf: bytes | bytearray | memoryview | mmap.mmap, pos: int = 0, end: int | None = None) -> None:
+        # Slices of bytes (and of an mmap) are bytes, so every value read is bytes, as the row and cell
+        # objects hold; a memoryview or bytearray is copied once rather than per value.
+        self.buf = bytes(buf) if isinstance(buf, (memoryview, bytearray)) else buf
         self.pos = pos
         self.end = len(buf) if end is None else end
 
@@ -33,17 +43,30 @@ class DataInput:
         self.pos = start + size
         return start
 
+    def require(self, size: int) -> None:
+        """Fail unless the next ``size`` bytes are in ``buf`` (a subclass streaming its input loads them)."""
+        if self.pos + size > self.end:
+            raise EndOfData(f"needed {size} bytes at offset {self.pos}, only {self.end - self.pos} left")
+
     def byte(self) -> int:
-        start = self._take(1)
-        return self.buf[start]
+        pos = self.pos
+        if pos >= self.end:
+            raise EndOfData(f"needed 1 byte at offset {pos}, no bytes left")
+        self.pos = pos + 1
+        return self.buf[pos]
 
     def uvint(self) -> int:
-        if self.pos >= self.end:
-            raise EndOfData(f"needed a vint at offset {self.pos}, no bytes left")
-        value, pos = read_unsigned_vint(self.buf, self.pos)
-        if pos > self.end:
-            raise EndOfData(f"vint at offset {self.pos} runs past the end")
-        self.pos = pos
+        pos = self.pos
+        if pos >= self.end:
+            raise EndOfData(f"needed a vint at offset {pos}, no bytes left")
+        first = self.buf[pos]
+        if first < 0x80:  # most vints are one byte: skip the call
+            self.pos = pos + 1
+            return first
+        value, after = read_unsigned_vint(self.buf, pos)
+        if after > self.end:
+            raise EndOfData(f"vint at offset {pos} runs past the end")
+        self.pos = after
         return value
 
     def int32(self) -> int:
@@ -56,8 +79,12 @@ class DataInput:
         return _USHORT.unpack_from(self.buf, self._take(2))[0]
 
     def raw(self, size: int) -> bytes:
-        start = self._take(size)
-        return bytes(self.buf[start:start + size])
+        start = self.pos
+        stop = start + size
+        if stop > self.end:
+            raise EndOfData(f"needed {size} bytes at offset {start}, only {self.end - start} left")
+        self.pos = stop
+        return self.buf[start:stop]
 
     def bytes_vint(self) -> bytes:
         """A value preceded by its length as an unsigned vint."""

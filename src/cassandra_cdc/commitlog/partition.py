@@ -10,7 +10,7 @@ from ..schema.model import ColumnMetadata, Schema, TableMetadata
 from .cells import DeletionTime
 from .errors import UnknownTableError
 from .header import TIMESTAMP_EPOCH, EncodingStats, SerializationHeader, StatsCollector
-from .io import DataInput, DataOutput
+from .io import DataInput, DataOutput, EndOfData
 from .rows import END_OF_PARTITION, RangeTombstoneMarker, Row, Unfiltered, UnfilteredSerializer
 from .vint import read_unsigned_vint, s64
 
@@ -20,6 +20,10 @@ IS_REVERSED = 0x02
 HAS_PARTITION_DELETION = 0x04
 HAS_STATIC_ROW = 0x08
 HAS_ROW_ESTIMATE = 0x10
+
+# Column lists cached per table (ColumnsSerializer): enough for every subset a workload's statements write,
+# bounded for a wide table updated in arbitrary column combinations.
+MAX_CACHED_COLUMN_HEADERS = 1024
 
 
 @dataclass(slots=True)
@@ -67,10 +71,10 @@ class PartitionUpdateSerializer:
     @staticmethod
     def deserialize(inp: DataInput, schema: Schema, version: int) -> PartitionUpdate:
         start = inp.pos
-        table_id = uuid.UUID(bytes=inp.raw(16))
-        table = schema.table_by_id(table_id)
+        table_id = inp.raw(16)
+        table = schema.table_by_id_bytes(table_id)
         if table is None:
-            raise UnknownTableError(table_id, start)
+            raise UnknownTableError(uuid.UUID(bytes=table_id), start)
         key = inp.bytes_vint()
         flags = inp.byte()
         if flags & IS_EMPTY:
@@ -129,6 +133,24 @@ class ColumnsSerializer:
 
     @staticmethod
     def deserialize(inp: DataInput, table: TableMetadata) -> tuple[ColumnMetadata, ...]:
+        # A table's updates repeat a few column lists: skip over the names and look the list's bytes up,
+        # resolving the names only the first time.
+        start = inp.pos
+        for _ in range(inp.uvint()):
+            name_length = inp.uvint()
+            inp.pos += name_length
+        if inp.pos > inp.end:
+            raise EndOfData(f"column list at offset {start} runs past the end")
+        encoded = inp.buf[start:inp.pos]
+        columns = table.column_headers.get(encoded)
+        if columns is None:
+            columns = ColumnsSerializer._resolve(DataInput(encoded), table)
+            if len(table.column_headers) < MAX_CACHED_COLUMN_HEADERS:
+                table.column_headers[encoded] = columns
+        return columns
+
+    @staticmethod
+    def _resolve(inp: DataInput, table: TableMetadata) -> tuple[ColumnMetadata, ...]:
         columns = []
         for _ in range(inp.uvint()):
             name = inp.bytes_vint()

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import uuid
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Iterable, Iterator
 
 from .types import BLOB, EMPTY, CqlType, quote, simple_type
@@ -40,11 +41,13 @@ class ColumnMetadata:
     reversed: bool = False  # clustering order DESC
     dropped_time: int | None = None  # microseconds; set for a column that was dropped
 
-    @property
+    # Cached (in the instance dict, which a frozen dataclass still has): decoders read these per cell.
+
+    @cached_property
     def name_bytes(self) -> bytes:
         return self.name.encode("utf-8")
 
-    @property
+    @cached_property
     def is_complex(self) -> bool:
         """Non-frozen collection or UDT: stored as one cell per element, with cell paths."""
         return self.type.multi_cell
@@ -86,6 +89,9 @@ class TableMetadata:
         self.dropped = self.sorted_columns(self.dropped)
         self._by_name = {c.name_bytes: c for c in self.regular_and_static}
         self._dropped_by_name = {c.name_bytes: c for c in self.dropped}
+        #: serialized column lists of partition update headers seen for this table, and their columns
+        #: (filled by the commit log's ColumnsSerializer: a table's updates repeat a few of them)
+        self.column_headers: dict[bytes, tuple[ColumnMetadata, ...]] = {}
 
     @property
     def qualified_name(self) -> str:
@@ -98,6 +104,10 @@ class TableMetadata:
     @property
     def primary_key(self) -> tuple[ColumnMetadata, ...]:
         return self.partition_key + self.clustering
+
+    @cached_property
+    def clustering_types(self) -> tuple[CqlType, ...]:
+        return tuple(c.type for c in self.clustering)
 
     @property
     def is_counter(self) -> bool:
@@ -264,6 +274,8 @@ class Schema:
     def __init__(self) -> None:
         self.keyspaces: dict[str, KeyspaceMetadata] = {}
         self._tables_by_id: dict[uuid.UUID, TableMetadata] = {}
+        # The same tables by the 16 bytes of their id, as partition updates start: no UUID to build.
+        self._tables_by_id_bytes: dict[bytes, TableMetadata] = {}
         self._tables_by_name: dict[tuple[str, str], TableMetadata] = {}
 
     def add_keyspace(self, keyspace: KeyspaceMetadata) -> None:
@@ -282,12 +294,18 @@ class Schema:
         old = self._tables_by_name.get((table.keyspace, table.name))
         if old is not None and old.id != table.id:
             del self._tables_by_id[old.id]
+            del self._tables_by_id_bytes[old.id.bytes]
         self._tables_by_id[table.id] = table
+        self._tables_by_id_bytes[table.id.bytes] = table
         self._tables_by_name[(table.keyspace, table.name)] = table
         self.keyspace(table.keyspace)
 
     def table_by_id(self, table_id: uuid.UUID) -> TableMetadata | None:
         return self._tables_by_id.get(table_id)
+
+    def table_by_id_bytes(self, table_id: bytes) -> TableMetadata | None:
+        """A table by the 16 big-endian bytes of its id."""
+        return self._tables_by_id_bytes.get(table_id)
 
     def table(self, keyspace: str, name: str) -> TableMetadata | None:
         return self._tables_by_name.get((keyspace, name))

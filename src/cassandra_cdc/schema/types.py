@@ -14,6 +14,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping
 
 from cassandra import cqltypes, util
@@ -79,7 +80,9 @@ class CqlType:
     dimension: int = 0
     driver_type: Any = field(default=None, compare=False, repr=False)
 
-    @property
+    # Cached (in the instance dict, which a frozen dataclass still has): decoders read these per value.
+
+    @cached_property
     def multi_cell(self) -> bool:
         return not self.frozen and self.kind in ("list", "set", "map", "udt")
 
@@ -87,7 +90,7 @@ class CqlType:
     def is_counter(self) -> bool:
         return self.kind == "counter"
 
-    @property
+    @cached_property
     def fixed_length(self) -> int | None:
         """Length of every value of this type, or None if values carry their own length."""
         if self.kind == "vector":

@@ -40,11 +40,22 @@ class StreamInput(DataInput):
         self.pos, self.end = 0, len(self.buf)
         return have >= size
 
-    def _take(self, size: int) -> int:
+    def require(self, size: int) -> None:
         if self.pos + size > self.end and not self._fill(size):
             raise EndOfData(f"needed {size} bytes at offset {self.position}, the data ends "
                             f"{self.end - self.pos} bytes later")
+
+    def _take(self, size: int) -> int:
+        self.require(size)
         return super()._take(size)
+
+    def byte(self) -> int:
+        self.require(1)
+        return super().byte()
+
+    def raw(self, size: int) -> bytes:
+        self.require(size)
+        return super().raw(size)
 
     def uvint(self) -> int:
         if self.end - self.pos < _MAX_VINT:
