@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from ..schema.model import ColumnMetadata
 from .header import SerializationHeader, StatsCollector
-from .io import DataInput, DataOutput
+from .io import DataInput, DataOutput, EndOfData, read_bytes_vint
+from .vint import read_unsigned_vint
 
 LONG_MIN = -(1 << 63)
 INT_MAX = (1 << 31) - 1
@@ -23,7 +24,7 @@ def no_deletion_time(version: int) -> int:
     return 0xFFFFFFFF if version >= 8 else INT_MAX
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeletionTime:
     """A deletion: everything written at or before ``marked_for_delete_at`` is deleted.
 
@@ -54,7 +55,7 @@ class DeletionTime:
         return timestamp <= self.marked_for_delete_at
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LivenessInfo:
     """Primary key liveness ("row marker") written by INSERT; UPDATE writes none.
 
@@ -120,32 +121,41 @@ class CellSerializer:
     @staticmethod
     def deserialize(inp: DataInput, header: SerializationHeader, column: ColumnMetadata,
                     liveness: LivenessInfo | None) -> Cell:
-        flags = inp.byte()
-        is_deleted = flags & IS_DELETED
-        is_expiring = flags & IS_EXPIRING
-        use_row_ttl = flags & USE_ROW_TTL
+        """Decode a cell with a local cursor: its bytes must all be in ``inp.buf`` (``DataInput.require``)."""
+        buf, pos = inp.buf, inp.pos
+        flags = buf[pos]
+        pos += 1
         if flags & USE_ROW_TIMESTAMP:
             if liveness is None:
                 raise ValueError(f"cell of {column.name} uses the row timestamp but the row has none")
             timestamp = liveness.timestamp
         else:
-            timestamp = header.read_timestamp(inp)
+            delta, pos = read_unsigned_vint(buf, pos)
+            timestamp = header.timestamp(delta)
         ttl, ldt = NO_TTL, None
-        if use_row_ttl:
+        if flags & USE_ROW_TTL:
             if liveness is None or not liveness.is_expiring:
                 raise ValueError(f"cell of {column.name} uses the row TTL but the row has none")
             ttl, ldt = liveness.ttl, liveness.local_expiration_time
-        elif is_deleted or is_expiring:
-            ldt = header.read_ldt(inp)
-            if is_expiring:
-                ttl = header.read_ttl(inp)
-        path = inp.bytes_vint() if column.is_complex else None
+        elif flags & (IS_DELETED | IS_EXPIRING):
+            delta, pos = read_unsigned_vint(buf, pos)
+            ldt = header.ldt(delta)
+            if flags & IS_EXPIRING:
+                delta, pos = read_unsigned_vint(buf, pos)
+                ttl = header.ttl(delta)
+        path = None
+        if column.is_complex:
+            path, pos = read_bytes_vint(buf, pos)
         if flags & HAS_EMPTY_VALUE:
             value = b""
         elif path is None and (fixed := column.type.fixed_length) is not None:
-            value = inp.raw(fixed)
+            value = buf[pos:pos + fixed]
+            pos += fixed
         else:
-            value = inp.bytes_vint()
+            value, pos = read_bytes_vint(buf, pos)
+        if pos > inp.end:
+            raise EndOfData(f"cell of {column.name} at offset {inp.pos} runs past the end")
+        inp.pos = pos
         return Cell(column, timestamp, value, ttl, ldt, path)
 
     @staticmethod

@@ -20,7 +20,7 @@ DELETION_TIME_EPOCH = 1442880000  # the same instant in seconds
 VERSION_UNSIGNED_DELETION_TIMES = 8
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EncodingStats:
     min_timestamp: int = TIMESTAMP_EPOCH
     min_local_deletion_time: int = DELETION_TIME_EPOCH
@@ -88,23 +88,33 @@ class SerializationHeader:
         return self.statics if is_static else self.regulars
 
     # Deltas: the writer subtracts the minimum with Java int/long arithmetic (a negative delta is a
-    # sign-extended 9-byte vint); the reader adds it back with the same wrap-around.
+    # sign-extended 9-byte vint); the reader adds it back with the same wrap-around. ``timestamp``, ``ttl``
+    # and ``ldt`` turn a delta into the value, for serializers that read the vint themselves.
+
+    def timestamp(self, delta: int) -> int:
+        return s64(delta + self.stats.min_timestamp)
 
     def read_timestamp(self, inp: DataInput) -> int:
-        return s64(inp.uvint() + self.stats.min_timestamp)
+        return self.timestamp(inp.uvint())
 
     def write_timestamp(self, out: DataOutput, timestamp: int) -> None:
         out.uvint(timestamp - self.stats.min_timestamp)
 
+    def ttl(self, delta: int) -> int:
+        return s32(delta + self.stats.min_ttl)
+
     def read_ttl(self, inp: DataInput) -> int:
-        return s32(inp.uvint() + self.stats.min_ttl)
+        return self.ttl(inp.uvint())
 
     def write_ttl(self, out: DataOutput, ttl: int) -> None:
         out.uvint(s32(ttl - self.stats.min_ttl))
 
-    def read_ldt(self, inp: DataInput) -> int:
-        value = s32(inp.uvint()) + self.stats.min_local_deletion_time
+    def ldt(self, delta: int) -> int:
+        value = s32(delta) + self.stats.min_local_deletion_time
         return value & 0xFFFFFFFF if self._unsigned_ldt else s32(value)
+
+    def read_ldt(self, inp: DataInput) -> int:
+        return self.ldt(inp.uvint())
 
     def write_ldt(self, out: DataOutput, ldt: int) -> None:
         out.uvint(s32(ldt - self.stats.min_local_deletion_time))

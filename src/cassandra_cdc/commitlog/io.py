@@ -19,6 +19,19 @@ class EndOfData(ValueError):
     """A read ran past the end of the bytes being decoded."""
 
 
+def read_bytes_vint(buf: bytes, pos: int) -> tuple[bytes, int]:
+    """The value at ``pos`` preceded by its length as an unsigned vint, and the position after it.
+
+    For local-cursor serializers, which check the final position against their end themselves.
+    """
+    size = buf[pos]
+    if size < 0x80:  # most lengths are one byte: skip the call
+        pos += 1
+    else:
+        size, pos = read_unsigned_vint(buf, pos)
+    return buf[pos:pos + size], pos + size
+
+
 class DataInput:
     """A cursor over bytes: ``buf[pos:end]`` is what is left to read.
 

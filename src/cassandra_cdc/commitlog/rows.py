@@ -210,6 +210,7 @@ class UnfilteredSerializer:
     @staticmethod
     def deserialize_row_body(inp: DataInput, header: SerializationHeader, flags: int, extended: int,
                              clustering: Clustering) -> Row:
+        """The rest of a row; its cells are read straight from ``inp.buf`` (see ``DataInput.require``)."""
         is_static = bool(extended & IS_STATIC)
         liveness = None
         if flags & HAS_TIMESTAMP:

@@ -105,6 +105,7 @@ class SSTablePartitionSerializer:
         if flags & IS_MARKER or not extended & IS_STATIC:
             raise ValueError(f"expected the static row, found flags {flags:#04x}/{extended:#04x}")
         end = _body_end(inp)
+        inp.require(end - inp.position)  # the row serializers read the buffer directly
         row = UnfilteredSerializer.deserialize_row_body(inp, header, flags, extended, ())
         _check_end(inp, end, "static row")
         return row
@@ -116,6 +117,7 @@ class SSTablePartitionSerializer:
             raise ValueError("a static row where a regular row or marker was expected")
         clustering = ClusteringSerializer.deserialize(inp, header.clustering_types)
         end = _body_end(inp)
+        inp.require(end - inp.position)
         row = UnfilteredSerializer.deserialize_row_body(inp, header, flags, extended, clustering)
         _check_end(inp, end, "row")
         return row
