@@ -10,10 +10,8 @@ from dataclasses import dataclass, field
 from ..schema.model import ColumnMetadata
 from .header import SerializationHeader, StatsCollector
 from .io import DataInput, DataOutput, EndOfData, read_bytes_vint
-from .vint import read_unsigned_vint
+from .vint import INT_MAX, LONG_MIN, read_unsigned_vint
 
-LONG_MIN = -(1 << 63)
-INT_MAX = (1 << 31) - 1
 NO_TTL = 0
 # A liveness TTL of Integer.MAX_VALUE marks the "expired liveness" of materialized view rows.
 EXPIRED_LIVENESS_TTL = INT_MAX

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..schema.model import ColumnMetadata, TableMetadata
 from .io import DataInput, DataOutput
-from .vint import s32, s64
+from .vint import INT_MAX, INT_MIN, LONG_MAX, read_unsigned_vint, s32, s64
 
 TIMESTAMP_EPOCH = 1442880000000000  # 2015-09-22T00:00:00Z in microseconds
 DELETION_TIME_EPOCH = 1442880000  # the same instant in seconds
@@ -28,10 +28,14 @@ class EncodingStats:
 
     @staticmethod
     def deserialize(inp: DataInput) -> "EncodingStats":
-        min_timestamp = s64(inp.uvint() + TIMESTAMP_EPOCH)
-        min_ldt = s32(s32(inp.uvint()) + DELETION_TIME_EPOCH)  # int arithmetic in every version
-        min_ttl = s32(inp.uvint())
-        return EncodingStats(min_timestamp, min_ldt, min_ttl)
+        buf = inp.buf  # local cursor: one partition update in four is small enough for this to count
+        timestamp_delta, pos = read_unsigned_vint(buf, inp.pos)
+        ldt_delta, pos = read_unsigned_vint(buf, pos)
+        ttl, pos = read_unsigned_vint(buf, pos)
+        inp.move_to(pos)
+        # int arithmetic for the deletion time in every version
+        return EncodingStats(s64(timestamp_delta + TIMESTAMP_EPOCH), s32(s32(ldt_delta) + DELETION_TIME_EPOCH),
+                             s32(ttl))
 
     def serialize(self, out: DataOutput) -> None:
         out.uvint(self.min_timestamp - TIMESTAMP_EPOCH)
@@ -72,7 +76,8 @@ class StatsCollector:
 class SerializationHeader:
     """What the serializers of one partition update share."""
 
-    __slots__ = ("table", "version", "stats", "regulars", "statics", "clustering_types", "_unsigned_ldt")
+    __slots__ = ("table", "version", "stats", "regulars", "statics", "clustering_types", "_unsigned_ldt",
+                 "_min_timestamp", "_min_ttl", "_min_ldt")
 
     def __init__(self, table: TableMetadata, version: int, stats: EncodingStats,
                  regulars: tuple[ColumnMetadata, ...], statics: tuple[ColumnMetadata, ...]) -> None:
@@ -83,16 +88,22 @@ class SerializationHeader:
         self.statics = statics
         self.clustering_types = table.clustering_types
         self._unsigned_ldt = version >= VERSION_UNSIGNED_DELETION_TIMES
+        # The stats' minimums, one attribute lookup away: every timestamp, TTL and deletion time adds one.
+        self._min_timestamp = stats.min_timestamp
+        self._min_ttl = stats.min_ttl
+        self._min_ldt = stats.min_local_deletion_time
 
     def columns(self, is_static: bool) -> tuple[ColumnMetadata, ...]:
         return self.statics if is_static else self.regulars
 
     # Deltas: the writer subtracts the minimum with Java int/long arithmetic (a negative delta is a
-    # sign-extended 9-byte vint); the reader adds it back with the same wrap-around. ``timestamp``, ``ttl``
-    # and ``ldt`` turn a delta into the value, for serializers that read the vint themselves.
+    # sign-extended 9-byte vint); the reader adds it back with the same wrap-around, which is called only
+    # when the sum is out of range. ``timestamp``, ``ttl`` and ``ldt`` turn a delta into the value, for
+    # serializers that read the vint themselves.
 
     def timestamp(self, delta: int) -> int:
-        return s64(delta + self.stats.min_timestamp)
+        value = delta + self._min_timestamp  # never below Long.MIN_VALUE: the delta is unsigned
+        return value if value <= LONG_MAX else s64(value)
 
     def read_timestamp(self, inp: DataInput) -> int:
         return self.timestamp(inp.uvint())
@@ -101,7 +112,8 @@ class SerializationHeader:
         out.uvint(timestamp - self.stats.min_timestamp)
 
     def ttl(self, delta: int) -> int:
-        return s32(delta + self.stats.min_ttl)
+        value = delta + self._min_ttl
+        return value if INT_MIN <= value <= INT_MAX else s32(value)
 
     def read_ttl(self, inp: DataInput) -> int:
         return self.ttl(inp.uvint())
@@ -110,8 +122,10 @@ class SerializationHeader:
         out.uvint(s32(ttl - self.stats.min_ttl))
 
     def ldt(self, delta: int) -> int:
-        value = s32(delta) + self.stats.min_local_deletion_time
-        return value & 0xFFFFFFFF if self._unsigned_ldt else s32(value)
+        value = (delta if delta <= INT_MAX else s32(delta)) + self._min_ldt
+        if self._unsigned_ldt:
+            return value & 0xFFFFFFFF
+        return value if INT_MIN <= value <= INT_MAX else s32(value)
 
     def read_ldt(self, inp: DataInput) -> int:
         return self.ldt(inp.uvint())

@@ -61,6 +61,12 @@ class DataInput:
         if self.pos + size > self.end:
             raise EndOfData(f"needed {size} bytes at offset {self.pos}, only {self.end - self.pos} left")
 
+    def move_to(self, pos: int) -> None:
+        """Continue at ``pos``, where a local-cursor serializer stopped; fail if that is past the end."""
+        if pos > self.end:
+            raise EndOfData(f"data at offset {self.pos} runs {pos - self.end} bytes past the end")
+        self.pos = pos
+
     def byte(self) -> int:
         pos = self.pos
         if pos >= self.end:

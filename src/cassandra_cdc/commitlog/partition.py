@@ -10,7 +10,7 @@ from ..schema.model import ColumnMetadata, Schema, TableMetadata
 from .cells import DeletionTime
 from .errors import UnknownTableError
 from .header import TIMESTAMP_EPOCH, EncodingStats, SerializationHeader, StatsCollector
-from .io import DataInput, DataOutput, EndOfData
+from .io import DataInput, DataOutput
 from .rows import END_OF_PARTITION, RangeTombstoneMarker, Row, Unfiltered, UnfilteredSerializer
 from .vint import read_unsigned_vint, s64
 
@@ -135,13 +135,13 @@ class ColumnsSerializer:
     def deserialize(inp: DataInput, table: TableMetadata) -> tuple[ColumnMetadata, ...]:
         # A table's updates repeat a few column lists: skip over the names and look the list's bytes up,
         # resolving the names only the first time.
-        start = inp.pos
-        for _ in range(inp.uvint()):
-            name_length = inp.uvint()
-            inp.pos += name_length
-        if inp.pos > inp.end:
-            raise EndOfData(f"column list at offset {start} runs past the end")
-        encoded = inp.buf[start:inp.pos]
+        buf, start = inp.buf, inp.pos
+        count, pos = read_unsigned_vint(buf, start)
+        for _ in range(count):
+            name_length, pos = read_unsigned_vint(buf, pos)
+            pos += name_length
+        inp.move_to(pos)
+        encoded = buf[start:pos]
         columns = table.column_headers.get(encoded)
         if columns is None:
             columns = ColumnsSerializer._resolve(DataInput(encoded), table)

@@ -8,6 +8,11 @@ the first byte and the extra bytes hold the value, big-endian. Values are Java l
 from __future__ import annotations
 
 _UINT64 = (1 << 64) - 1
+# Java's Integer and Long limits
+INT_MIN = -(1 << 31)
+INT_MAX = (1 << 31) - 1
+LONG_MIN = -(1 << 63)
+LONG_MAX = (1 << 63) - 1
 
 
 def s32(value: int) -> int:
@@ -22,17 +27,23 @@ def s64(value: int) -> int:
     return value - (1 << 64) if value >> 63 else value
 
 
+# By first byte: how many bytes the vint has (its leading 1-bits, plus one).
+_VINT_SIZES = tuple(9 - (first ^ 0xFF).bit_length() for first in range(256))
+# By vint size: the mask that clears the leading 1-bits of the big-endian number the vint's bytes make
+# (7 value bits a byte, and all 64 bits of a 9-byte vint).
+_VINT_VALUE_MASKS = tuple((1 << (64 if size == 9 else 7 * size)) - 1 for size in range(10))
+
+
 def read_unsigned_vint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     """Decode the vint at ``pos``; return (value as unsigned 64-bit, position after it)."""
     first = buf[pos]
     if first < 0x80:
         return first, pos + 1
-    extra = 8 - (first ^ 0xFF).bit_length()
-    value = first & (0xFF >> extra)
-    end = pos + 1 + extra
+    size = _VINT_SIZES[first]
+    end = pos + size
     if end > len(buf):
         raise IndexError("vint runs past the end of the buffer")
-    return (value << (8 * extra)) | int.from_bytes(buf[pos + 1:end], "big"), end
+    return int.from_bytes(buf[pos:end], "big") & _VINT_VALUE_MASKS[size], end
 
 
 def write_unsigned_vint(value: int) -> bytes:
