@@ -34,7 +34,12 @@ class DeletionTime:
 
     @staticmethod
     def deserialize(inp: DataInput, header: SerializationHeader) -> "DeletionTime":
-        return DeletionTime(header.read_timestamp(inp), header.read_ldt(inp))
+        """Decode with a local cursor: the bytes must be in ``inp.buf`` (see ``DataInput.require``)."""
+        buf = inp.buf
+        timestamp_delta, pos = read_unsigned_vint(buf, inp.pos)
+        ldt_delta, pos = read_unsigned_vint(buf, pos)
+        inp.move_to(pos)
+        return DeletionTime(header.timestamp(timestamp_delta), header.ldt(ldt_delta))
 
     def serialize(self, out: DataOutput, header: SerializationHeader) -> None:
         header.write_timestamp(out, self.marked_for_delete_at)
@@ -113,6 +118,8 @@ IS_EXPIRING = 0x02
 HAS_EMPTY_VALUE = 0x04
 USE_ROW_TIMESTAMP = 0x08
 USE_ROW_TTL = 0x10
+# The flags of cells that have a deletion time (their own or the row's): one test for the common live cell.
+_HAS_DELETION_TIME = IS_DELETED | IS_EXPIRING | USE_ROW_TTL
 
 
 class CellSerializer:
@@ -131,22 +138,23 @@ class CellSerializer:
             delta, pos = read_unsigned_vint(buf, pos)
             timestamp = header.timestamp(delta)
         ttl, ldt = NO_TTL, None
-        if flags & USE_ROW_TTL:
-            if liveness is None or not liveness.is_expiring:
-                raise ValueError(f"cell of {column.name} uses the row TTL but the row has none")
-            ttl, ldt = liveness.ttl, liveness.local_expiration_time
-        elif flags & (IS_DELETED | IS_EXPIRING):
-            delta, pos = read_unsigned_vint(buf, pos)
-            ldt = header.ldt(delta)
-            if flags & IS_EXPIRING:
+        if flags & _HAS_DELETION_TIME:
+            if flags & USE_ROW_TTL:
+                if liveness is None or not liveness.is_expiring:
+                    raise ValueError(f"cell of {column.name} uses the row TTL but the row has none")
+                ttl, ldt = liveness.ttl, liveness.local_expiration_time
+            else:
                 delta, pos = read_unsigned_vint(buf, pos)
-                ttl = header.ttl(delta)
+                ldt = header.ldt(delta)
+                if flags & IS_EXPIRING:
+                    delta, pos = read_unsigned_vint(buf, pos)
+                    ttl = header.ttl(delta)
         path = None
         if column.is_complex:
             path, pos = read_bytes_vint(buf, pos)
         if flags & HAS_EMPTY_VALUE:
             value = b""
-        elif path is None and (fixed := column.type.fixed_length) is not None:
+        elif (fixed := column.fixed_value_length) is not None:
             value = buf[pos:pos + fixed]
             pos += fixed
         else:
@@ -183,7 +191,7 @@ class CellSerializer:
         if cell.column.is_complex:
             out.bytes_vint(cell.path or b"")
         if cell.value:
-            if cell.path is None and cell.column.type.fixed_length is not None:
+            if cell.column.fixed_value_length is not None:
                 out += cell.value
             else:
                 out.bytes_vint(cell.value)

@@ -224,12 +224,10 @@ class UnfilteredSerializer:
         superset = header.columns(is_static)
         columns = superset if flags & HAS_ALL_COLUMNS else ColumnSubsetSerializer.deserialize(inp, superset)
         has_complex_deletion = bool(flags & HAS_COMPLEX_DELETION)
-        cells: list[ColumnData] = []
-        for column in columns:
-            if column.is_complex:
-                cells.append(ComplexColumnSerializer.deserialize(inp, header, column, liveness, has_complex_deletion))
-            else:
-                cells.append(CellSerializer.deserialize(inp, header, column, liveness))
+        cells: list[ColumnData] = [
+            ComplexColumnSerializer.deserialize(inp, header, column, liveness, has_complex_deletion)
+            if column.is_complex else CellSerializer.deserialize(inp, header, column, liveness)
+            for column in columns]
         return Row(clustering, cells, liveness, deletion, bool(extended & HAS_SHADOWABLE_DELETION), is_static)
 
     @staticmethod

@@ -52,6 +52,12 @@ class ColumnMetadata:
         """Non-frozen collection or UDT: stored as one cell per element, with cell paths."""
         return self.type.multi_cell
 
+    @cached_property
+    def fixed_value_length(self) -> int | None:
+        """Length of every cell value of this column, written without a length; None when values carry
+        their length, as those of variable-length types and every element of a complex column do."""
+        return None if self.is_complex else self.type.fixed_length
+
     @property
     def is_static(self) -> bool:
         return self.kind is ColumnKind.STATIC

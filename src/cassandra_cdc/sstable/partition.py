@@ -126,6 +126,7 @@ class SSTablePartitionSerializer:
     def deserialize_marker(inp: StreamInput, header: SerializationHeader) -> RangeTombstoneMarker:
         kind, clustering = UnfilteredSerializer.deserialize_marker_bound(inp, header)
         end = _body_end(inp)
+        inp.require(end - inp.position)
         marker = UnfilteredSerializer.deserialize_marker_deletions(inp, header, kind, clustering)
         _check_end(inp, end, "range tombstone marker")
         return marker
