@@ -113,19 +113,18 @@ class ClusteringSerializer:
     @staticmethod
     def deserialize(inp: DataInput, types: Sequence[CqlType]) -> Clustering:
         values: list[bytes | None] = []
-        header = 0
-        for i, value_type in enumerate(types):
-            if i % 32 == 0:
-                header = inp.uvint()
-            shift = (i % 32) * 2
-            if header & (2 << shift):
-                values.append(None)
-            elif header & (1 << shift):
-                values.append(b"")
-            elif (fixed := value_type.fixed_length) is not None:
-                values.append(inp.raw(fixed))
-            else:
-                values.append(inp.bytes_vint())
+        for start in range(0, len(types), 32):
+            header = inp.uvint()
+            for value_type in types[start:start + 32]:
+                if header & 2:
+                    values.append(None)
+                elif header & 1:
+                    values.append(b"")
+                elif (fixed := value_type.fixed_length) is not None:
+                    values.append(inp.raw(fixed))
+                else:
+                    values.append(inp.bytes_vint())
+                header >>= 2
         return tuple(values)
 
     @staticmethod
