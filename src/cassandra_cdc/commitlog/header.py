@@ -28,7 +28,7 @@ class EncodingStats:
 
     @staticmethod
     def deserialize(inp: DataInput) -> "EncodingStats":
-        buf = inp.buf  # local cursor: one partition update in four is small enough for this to count
+        buf = inp.buf  # local cursor: read for every partition update, two of the three vints multi-byte
         timestamp_delta, pos = read_unsigned_vint(buf, inp.pos)
         ldt_delta, pos = read_unsigned_vint(buf, pos)
         ttl, pos = read_unsigned_vint(buf, pos)
