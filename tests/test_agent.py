@@ -651,13 +651,15 @@ def test_damaged_entries_go_to_dead_letters_and_quarantine(harness: MakeHarness)
         del h.expected[key]
     # A mutation whose framing is intact but whose content is not: two updates, the second cut short.
     undecodable = b"\x02" + h.expected[(segment.descriptor.segment_id, positions[0], users.id)] + users.id.bytes + b"\x01"
-    undecodable_position = segment.add(undecodable)
-    h.insert("ks.users", id=99, name="after the damage")
-    h.node.sync()
 
     with running(h.config()) as agent:
         raw = h.raw_reader()
         errors = h.reader(f"{h.server}.errors")
+        raw.wait_for(lambda: raw.has_all(h.expected), "the intact changes of the first two sections")
+        # The third section is read by a pass that resumes where the first two end.
+        undecodable_position = segment.add(undecodable)
+        h.insert("ks.users", id=99, name="after the damage")
+        h.node.sync()
         raw.wait_for(lambda: raw.has_all(h.expected), "the intact changes")
         errors.wait_for(lambda: len(errors.messages) >= 3, "three dead letters")
         # The live segment goes on: later passes must not report the same damage again.
@@ -681,6 +683,8 @@ def test_damaged_entries_go_to_dead_letters_and_quarantine(harness: MakeHarness)
     assert letters["SIZE_CRC_MISMATCH"]["position"] == entry_start(14)
     assert base64.b64decode(letters["UNDECODABLE_MUTATION"]["raw"]) == undecodable
     assert letters["UNDECODABLE_MUTATION"]["position"] == undecodable_position - 12 - len(undecodable)
+    assert [letters[kind]["section"] for kind in ("ENTRY_CRC_MISMATCH", "SIZE_CRC_MISMATCH", "UNDECODABLE_MUTATION")] \
+        == [1, 2, 3]
     message_keys = {m.key().decode() for m in errors.messages}
     assert message_keys == {f"{segment.path.name}@{letter['position']}" for letter in letters.values()}
     quarantine = h.state_dir / "quarantine"

@@ -63,7 +63,7 @@ class SegmentProgress:
         self.read_position = acknowledged
         self.read_all = completed
         self.index_offset: int | None = None
-        self.resume: tuple[int, int] | None = None  # where the sections read so far end (SegmentReader)
+        self.resume: tuple[int, int, int] | None = None  # where the sections read so far end (SegmentReader)
         self.changed_at = time.monotonic()
         self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
         self.unreadable_since: float | None = None  # since when its idx has been read unreadable, in a row
@@ -336,7 +336,8 @@ class Agent:
             updates = split_partition_updates(entry.body, self.tables.schema, version)
         except MutationDecodeError as error:
             self._dead_letter(progress, Damage(str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION,
-                                               str(error), entry.section_offset, 0, entry.start, entry.body))
+                                               str(error), entry.section_offset, entry.section, entry.start,
+                                               entry.body))
             return
         published: list[tuple[_Route, bytes]] = []
         for update in updates:

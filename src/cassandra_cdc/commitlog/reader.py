@@ -82,6 +82,7 @@ class Entry:
     position: int
     body: bytes
     section_offset: int  # file offset of the entry's sync section
+    section: int  # 1-based index of that section
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +106,7 @@ class SegmentReader:
 
     def __init__(self, path: str | Path, keystore: KeyStore | None = None, *, start: int = 0,
                  limit: int | None = None, on_damage: Callable[[Damage], None] | None = None,
-                 resume: tuple[int, int] | None = None) -> None:
+                 resume: tuple[int, int, int] | None = None) -> None:
         self.path = str(path)
         self.start = start
         self.limit = limit
@@ -124,9 +125,10 @@ class SegmentReader:
         if self.descriptor.compression_class and not self.descriptor.encrypted:
             self._compressor = compressor_for(self.descriptor.compression_class)
         header = self.descriptor.header_size
-        self._resume = resume or (header, header)
-        #: (file offset, logical position) of the sync marker after the sections read completely: a later
-        #: reader of the same segment can start there (``resume``) instead of walking them again
+        self._resume = resume or (header, header, 0)
+        #: (file offset, logical position, sections before it) of the sync marker after the sections read
+        #: completely: a later reader of the same segment can start there (``resume``) instead of walking them
+        #: again
         self.resume_point = self._resume
         #: logical position up to which the segment has been read completely
         self.position = self._resume[1]
@@ -187,8 +189,7 @@ class SegmentReader:
         data = self._map
         segment_id = self.descriptor.segment_id
         id_crc = zlib.crc32(struct.pack(">II", segment_id & 0xFFFFFFFF, (segment_id >> 32) & 0xFFFFFFFF))
-        offset, logical = self._resume
-        self._section_index = 0
+        offset, logical, self._section_index = self._resume
         while True:
             self._section_index += 1
             if self.limit is not None and logical >= self.limit:
@@ -215,7 +216,7 @@ class SegmentReader:
                 return  # not yet durable: the idx file has not reached its end
             yield section
             offset, logical = next_marker, section.logical_end
-            self.resume_point = (offset, logical)
+            self.resume_point = (offset, logical, self._section_index)
 
     def _section(self, offset: int, logical: int, next_marker: int) -> Section | None:
         body_start = offset + SYNC_MARKER_SIZE
@@ -299,6 +300,6 @@ class SegmentReader:
                     self.report(DamageKind.ENTRY_CRC_MISMATCH, f"entry of {size} bytes",
                                  section.file_offset, base + pos, raw=body)
                 else:
-                    yield Entry(segment_id, base + pos, position, body, section.file_offset)
+                    yield Entry(segment_id, base + pos, position, body, section.file_offset, self._section_index)
                 pos = entry_end
             self.position = max(self.position, section.logical_end)
