@@ -70,6 +70,15 @@ def test_connect_json_carries_schema_and_lossless_payload() -> None:
     assert [f["field"] for f in key["schema"]["fields"]] == ["id", "seq"]
 
 
+def test_connect_json_bytes_are_those_of_one_compact_document() -> None:
+    # Event keys are compared as bytes (partitioning, compaction): the encoding must stay exactly this.
+    encoder = EventEncoder("prod", TABLE, "json")
+    for encoded in (encoder.key(ROW), encoder.value(None, ROW, "c", SOURCE, 1), encoder.value(ROW, None, "d", SOURCE, 2)):
+        document = json.loads(encoded)
+        assert list(document) == ["schema", "payload"]
+        assert encoded == json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def test_avro_container_is_self_describing() -> None:
     encoder = EventEncoder("prod", TABLE, "avro")
     before = dict(ROW, name="coffee")

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog
 from cassandra_cdc.pipeline.source import KafkaSourceError, SourceOptions, admit
-from cassandra_cdc.pipeline.spark import ROCKSDB_PROVIDER, kafka_format_available
+from cassandra_cdc.pipeline.spark import ROCKSDB_PROVIDER, WORKER_DAEMON, kafka_format_available
 
 
 def produce(broker, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
@@ -76,6 +76,7 @@ def test_session_settings(spark):
     assert spark.conf.get("spark.sql.streaming.stateStore.providerClass") == ROCKSDB_PROVIDER
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
     assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
+    assert spark.sparkContext.getConf().get("spark.python.daemon.module") == WORKER_DAEMON
     # No connector jar on this platform (platform-notes.md); the answer must not raise either way.
     assert kafka_format_available(spark) is False
 

@@ -78,15 +78,18 @@ class EventEncoder:
         self._key_columns = [(c.name, FieldMapping(c.type)) for c in table.primary_key]
         self._value_columns = [(c.name, FieldMapping(c.type)) for c in table.columns]
         if fmt == "json":
-            self._key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False, key=True)
+            key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False, key=True)
             row = self._connect_struct(f"{self._name}.Value", self._value_columns, optional=True)
-            self._value_schema = {
+            value_schema = {
                 "type": "struct", "name": f"{self._name}.Envelope", "optional": False,
                 "fields": [row | {"field": "before"}, row | {"field": "after"},
                            {"type": "struct", "name": "cassandra_cdc.Source", "optional": False, "field": "source",
                             "fields": [{"type": t, "optional": o, "field": n} for n, t, _, o in _SOURCE_FIELDS]},
                            {"type": "string", "optional": False, "field": "op"},
                            {"type": "int64", "optional": True, "field": "ts_ms"}]}
+            # The schema is most of an event's JSON and never changes: encoded once, not per event.
+            self._key_document = _ConnectDocument(key_schema)
+            self._value_document = _ConnectDocument(value_schema)
         else:
             namespace = _avro_namespace(self._name)
             self._avro_key = fastavro.parse_schema(self._avro_record("Key", namespace, self._key_columns, key=True))
@@ -107,7 +110,7 @@ class EventEncoder:
     def key(self, row: dict[str, Any]) -> bytes:
         payload = self._row(row, self._key_columns)
         if self.format == "json":
-            return _json({"schema": self._key_schema, "payload": payload})
+            return self._key_document.encode(payload)
         return self._avro(self._avro_key, payload, f"{self.topic}-key")
 
     def value(self, before: dict[str, Any] | None, after: dict[str, Any] | None, op: Op, source: Source,
@@ -116,7 +119,7 @@ class EventEncoder:
                    "after": None if after is None else self._row(after, self._value_columns),
                    "source": source.as_dict(), "op": op, "ts_ms": ts_ms}
         if self.format == "json":
-            return _json({"schema": self._value_schema, "payload": payload})
+            return self._value_document.encode(payload)
         return self._avro(self._avro_value, payload, f"{self.topic}-value")
 
     # --- helpers ----------------------------------------------------------------------------------
@@ -149,6 +152,19 @@ class EventEncoder:
         out.write(struct.pack(">bI", 0, schema_id))  # Confluent wire format: magic 0, schema id
         fastavro.schemaless_writer(out, schema, record)
         return out.getvalue()
+
+
+class _ConnectDocument:
+    """``{"schema": …, "payload": …}`` as the JsonConverter writes it, with the schema part encoded once.
+
+    The bytes are those of ``_json({"schema": schema, "payload": payload})``.
+    """
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self._head = b'{"schema":' + _json(schema) + b',"payload":'
+
+    def encode(self, payload: dict[str, Any]) -> bytes:
+        return self._head + _json(payload) + b"}"
 
 
 class SchemaRegistry:

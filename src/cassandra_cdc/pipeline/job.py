@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from .config import PipelineConfig
-from .processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
+from .processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings, with_copy_identity
 from .sink import KafkaAtLeastOnceSink, KafkaTransactionalSink
 from .source import KafkaDataSource
 from .spark import kafka_format_available, spark_session
@@ -52,7 +52,7 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
         schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
         schema_registry_url=config.output.schema_registry_url, tombstones=config.output.tombstones,
         consumer=tuple(sorted(config.kafka.consumer.items())))
-    raw = read_raw(spark, config)
+    raw = with_copy_identity(read_raw(spark, config))
     bucketed = raw.withColumn("bucket", F.pmod(F.xxhash64("key"), F.lit(config.state.buckets)))
     return bucketed.groupBy("bucket").transformWithStateInPandas(
         ChangeProcessor(settings), OUTPUT_SCHEMA, "Update", "ProcessingTime")

@@ -4,9 +4,17 @@ PySpark's stateful APIs cost about half a millisecond per grouping key and per s
 (platform-notes.md), so grouping by partition key would cap the pipeline at a few thousand records
 per second. Records are instead grouped by a hash bucket of their Kafka key: one call per bucket per
 micro-batch, one state read and one state write per bucket, and all of a bucket's partitions merged
-in one pass over its records (which arrive as Arrow-backed pandas frames). The state of a bucket is
-the pickled map of its partitions' merge states (see ``merge.py``); buckets are many enough to keep
-each small.
+in one pass over its records (which arrive as Arrow-backed pandas frames).
+
+What a record costs in Python is kept to what only Python can do (decode, merge, encode):
+
+* Replica copies never reach the merge. ``with_copy_identity`` takes each record's digest from its
+  fixed place in the header and checks it against the update bytes natively (in the JVM);
+  ``drop_replica_copies`` then keeps the first intact record of each (key, digest) of the batch,
+  vectorised. Copies in different batches are skipped by the recent digests kept in the state.
+* The state of a bucket maps each partition key to its next expiry and its pickled merge state
+  (see ``merge.py``): a batch unpickles and pickles again only the partitions it touches, and sets
+  the bucket's timer from the stored expiries.
 
 TTL expiry: each bucket registers a processing-time timer at its earliest expiry; when it fires, the
 expired cells and rows are removed and the resulting update or delete events emitted. The timer
@@ -25,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pandas as pd
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
@@ -33,7 +43,7 @@ from ..commitlog import PartitionUpdateSerializer
 from ..commitlog.errors import MutationDecodeError
 from ..commitlog.io import DataInput, EndOfData
 from ..schema import TableMetadata
-from ..topics.raw import RawRecord, RawRecordError
+from ..topics.raw import DIGEST_OFFSET, DIGEST_SIZE, FORMAT_VERSION, HEADER_SIZE, RawRecord, RawRecordError
 from .catalog import SchemaCatalog
 from .events import EventEncoder, Format, SchemaRegistry, Source
 from .merge import PartitionState, RowChange, apply_update, expire, next_expiry
@@ -43,6 +53,35 @@ log = logging.getLogger(__name__)
 OUTPUT_SCHEMA = StructType([StructField("topic", StringType()), StructField("key", BinaryType()),
                             StructField("value", BinaryType())])
 _STATE_SCHEMA = StructType([StructField("partitions", BinaryType())])
+_NODE_ID_LENGTH_OFFSET = 3  # docs/raw-records.md: the node id, then the partition update, follow the header
+
+
+def with_copy_identity(raw: DataFrame) -> DataFrame:
+    """The raw records with what ``ChangeProcessor`` needs to drop replica copies without decoding them.
+
+    ``digest``: the MD5 of the partition update, from its fixed place in the header. ``intact``: the
+    format version is known and the digest matches the update bytes, checked natively in the JVM. Only
+    intact records are dropped as copies, so that a damaged record never hides the good copy of its
+    write (it goes on to be reported as damaged).
+    """
+    value = F.col("value")
+    node_id_length = F.conv(F.hex(F.substring(value, _NODE_ID_LENGTH_OFFSET + 1, 1)), 16, 10).cast("int")
+    update = value.substr(node_id_length + HEADER_SIZE + 1, F.length(value))
+    digest = F.substring(value, DIGEST_OFFSET + 1, DIGEST_SIZE)
+    intact: Column = ((F.substring(value, 1, 1) == F.lit(bytes([FORMAT_VERSION])))
+                      & (F.md5(update) == F.lower(F.hex(digest))))
+    return raw.withColumn("digest", digest).withColumn("intact", F.coalesce(intact, F.lit(False)))
+
+
+def drop_replica_copies(batch: pd.DataFrame) -> pd.DataFrame:
+    """All but the first (in offset order) of the intact records with the same key and digest.
+
+    The replicas' copies of one write are the same update bytes, published under the same key, so to
+    the same Kafka partition: dropping them here, vectorised, means each write is decoded and merged
+    once. Copies in different micro-batches are caught by the merge state's recent digests.
+    """
+    copies = batch["intact"].to_numpy(dtype=bool) & batch.duplicated(["key", "digest", "intact"]).to_numpy()
+    return batch[~copies]
 
 
 @dataclass(frozen=True)
@@ -80,7 +119,7 @@ class ChangeProcessor(StatefulProcessor):
         frames = list(rows)
         batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         # Records of one partition key come from one Kafka partition: its offsets give their order.
-        batch = batch.sort_values(["partition", "offset"], kind="stable")
+        batch = drop_replica_copies(batch.sort_values(["partition", "offset"], kind="stable"))
         partitions = self._load()
         out = _Output()
         for record_key, value in zip(batch["key"].tolist(), batch["value"].tolist()):
@@ -94,10 +133,10 @@ class ChangeProcessor(StatefulProcessor):
         partitions = self._load()
         out = _Output()
         now_seconds = now_ms // 1000
-        for record_key, state in list(partitions.items()):
+        for record_key, state in partitions.due(now_seconds):
             expiry = next_expiry(state)
             if expiry is None or expiry > now_seconds:
-                continue
+                continue  # the stored expiry was early: what it was for was deleted since
             found = self.catalog.table(uuid.UUID(bytes=record_key[:16]))
             if found is None:
                 continue
@@ -107,7 +146,7 @@ class ChangeProcessor(StatefulProcessor):
                             expiry * 1_000_000, False, None, None, None)
             self._emit(table, version, changes, source, False, now_ms, out)
             if state.is_empty():
-                del partitions[record_key]
+                partitions.remove(record_key)
         self._save(partitions, now_ms)
         yield out.frame()
 
@@ -116,7 +155,7 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- merging ----------------------------------------------------------------------------------
 
-    def _apply(self, partitions: dict[bytes, PartitionState], record_key: bytes, value: bytes, now_ms: int,
+    def _apply(self, partitions: "_Partitions", record_key: bytes, value: bytes, now_ms: int,
                out: "_Output") -> None:
         try:
             record = RawRecord.decode(value)
@@ -132,7 +171,7 @@ class ChangeProcessor(StatefulProcessor):
             return
         table, version, update = table_version
         if state is None:
-            state = partitions[record_key] = PartitionState()
+            state = partitions.add(record_key)
         changes = apply_update(state, update, table, now_ms // 1000, record.digest)
         source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name, record.write_time,
                         record.snapshot, record.node_id, record.segment_id, record.position)
@@ -182,24 +221,64 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- state ------------------------------------------------------------------------------------
 
-    def _load(self) -> dict[bytes, PartitionState]:
-        if not self.state.exists():
-            return {}
-        return pickle.loads(self.state.get()[0])
+    def _load(self) -> "_Partitions":
+        return _Partitions(pickle.loads(self.state.get()[0]) if self.state.exists() else {})
 
-    def _save(self, partitions: dict[bytes, PartitionState], now_ms: int) -> None:
-        if partitions:
-            self.state.update((pickle.dumps(partitions, protocol=pickle.HIGHEST_PROTOCOL),))
-        else:
+    def _save(self, partitions: "_Partitions", now_ms: int) -> None:
+        stored = partitions.dump()
+        if stored is None:
             self.state.clear()
-        expiries = [e for e in (next_expiry(s) for s in partitions.values()) if e is not None]
-        wanted = [max(min(expiries) * 1000, now_ms + 1)] if expiries else []
+        else:
+            self.state.update((stored,))
+        expiry = partitions.earliest_expiry()
+        wanted = [] if expiry is None else [max(expiry * 1000, now_ms + 1)]
         existing = list(self.handle.listTimers())
         if existing != wanted:  # every state call costs ~0.4 ms: leave an unchanged timer alone
             for timer in existing:
                 self.handle.deleteTimer(timer)
             for timer in wanted:
                 self.handle.registerTimer(timer)
+
+
+class _Partitions:
+    """The merge states of one bucket's partitions, each pickled on its own, its next expiry beside it.
+
+    A micro-batch touches some of a bucket's partitions: only those are unpickled and pickled again,
+    the others stay bytes (copied, never decoded), and timers are set from the stored expiries.
+    """
+
+    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]]) -> None:
+        self._stored = stored  # partition key → (next expiry, pickled PartitionState)
+        self._opened: dict[bytes, PartitionState] = {}
+
+    def get(self, key: bytes) -> PartitionState | None:
+        state = self._opened.get(key)
+        if state is None and key in self._stored:
+            state = self._opened[key] = pickle.loads(self._stored[key][1])
+        return state
+
+    def add(self, key: bytes) -> PartitionState:
+        state = self._opened[key] = PartitionState()
+        return state
+
+    def remove(self, key: bytes) -> None:
+        self._opened.pop(key, None)
+        self._stored.pop(key, None)
+
+    def due(self, now_seconds: int) -> list[tuple[bytes, PartitionState]]:
+        """The partitions whose stored expiry has come, opened."""
+        keys = [key for key, (expiry, _) in self._stored.items() if expiry is not None and expiry <= now_seconds]
+        return [(key, self.get(key)) for key in keys]  # type: ignore[misc]
+
+    def dump(self) -> bytes | None:
+        """The bucket's state value with the opened partitions pickled again; None when it has none."""
+        for key, state in self._opened.items():
+            self._stored[key] = (next_expiry(state), pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+        self._opened.clear()
+        return pickle.dumps(self._stored, protocol=pickle.HIGHEST_PROTOCOL) if self._stored else None
+
+    def earliest_expiry(self) -> int | None:
+        return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)
 
 
 class _Output:

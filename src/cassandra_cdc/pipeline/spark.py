@@ -6,6 +6,8 @@
 - State lives in RocksDB (required by ``transformWithState``); the number of shuffle partitions is the
   number of state stores and is fixed in the checkpoint, so it is small (the default 200 is far too
   many on a few cores) and must not change for an existing checkpoint.
+- Python workers fork from ``cassandra_cdc.pipeline.daemon``, which has pandas, pyarrow and the
+  pipeline imported already (see that module).
 - Local masters bind to loopback. No UI, warnings-only logs, Arrow for pandas conversions, UTC session
   time zone.
 """
@@ -20,6 +22,7 @@ from pyspark.sql import SparkSession
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_SOURCE_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+WORKER_DAEMON = "cassandra_cdc.pipeline.daemon"
 
 
 def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shuffle_partitions: int = 2,
@@ -41,6 +44,7 @@ def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shu
         "spark.ui.showConsoleProgress": False,
         "spark.sql.execution.arrow.pyspark.enabled": True,
         "spark.sql.session.timeZone": "UTC",
+        "spark.python.daemon.module": WORKER_DAEMON,
     }
     conf.update(extra_conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
