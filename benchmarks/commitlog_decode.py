@@ -54,6 +54,7 @@ from cassandra_cdc.commitlog import (
     SegmentReader,
     SegmentWriter,
 )
+from cassandra_cdc.commitlog.mutation import split_partition_updates
 from cassandra_cdc.commitlog.vint import read_unsigned_vint
 from cassandra_cdc.schema.model import ColumnKind, ColumnMetadata, Schema, TableMetadata
 from cassandra_cdc.schema.types import map_type, set_type, simple_type
@@ -297,7 +298,6 @@ def agent_path(path: Path, schema: Schema) -> int:
 
 def agent_path_split(path: Path, schema: Schema) -> int:
     """The agent path through ``split_partition_updates`` (one slice per update)."""
-    from cassandra_cdc.commitlog.mutation import split_partition_updates
     count = 0
     with SegmentReader(path) as reader:
         version = reader.version
@@ -309,14 +309,6 @@ def agent_path_split(path: Path, schema: Schema) -> int:
                     raise AssertionError("bad entry")
             count += 1
     return count
-
-
-def _has_split_partition_updates() -> bool:
-    try:
-        from cassandra_cdc.commitlog.mutation import split_partition_updates  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def full_decode(path: Path, schema: Schema) -> int:
@@ -426,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
             ("floor: bare inline framing + CRCs", floor_bare_framing if not args.compression else None),
             ("framing: SegmentReader.entries()", framing),
             ("agent path: framing + table id + key", agent_path),
-            ("agent path via split_partition_updates", agent_path_split if _has_split_partition_updates() else None),
+            ("agent path via split_partition_updates", agent_path_split),
             ("full decode: MutationSerializer.deserialize", full_decode),
             ("full decode + CQL values (informative)", full_decode_cql),
         ]
