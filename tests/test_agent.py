@@ -492,20 +492,27 @@ def test_cassandra_311_segments_moved_in_whole(harness: MakeHarness) -> None:
 
 # --- the _cdc.idx file ----------------------------------------------------------------------------------
 
-def test_unreadable_idx_is_retried_never_misread(harness: MakeHarness,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """An idx caught empty, half-written or garbled is read again; nothing past the real offset is published,
-    and a truncated ``COMPLETED`` does not complete the segment."""
-    h = harness(segment_size=1024 * 1024)
+def count_unreadable_idx_reads(monkeypatch: pytest.MonkeyPatch,
+                               label: Callable[[Path], str]) -> collections.Counter[str]:
+    """Counts, by ``label(path)``, the agent's reads of an idx file that exists but cannot be used."""
     unreadable = collections.Counter[str]()
     read_index = agent_module.read_cdc_index
 
     def spying(path: Path) -> Any:
         result = read_index(path)
         if result is None and path.exists():
-            unreadable[path.read_text(errors="replace")] += 1
+            unreadable[label(path)] += 1
         return result
     monkeypatch.setattr(agent_module, "read_cdc_index", spying)
+    return unreadable
+
+
+def test_unreadable_idx_is_retried_never_misread(harness: MakeHarness,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An idx caught empty, half-written or garbled is read again; nothing past the real offset is published,
+    and a truncated ``COMPLETED`` does not complete the segment."""
+    h = harness(segment_size=1024 * 1024)
+    unreadable = count_unreadable_idx_reads(monkeypatch, lambda path: path.read_text(errors="replace"))
 
     h.write(60, sync_every=30)
     segment = h.node.active_segment
@@ -540,15 +547,7 @@ def test_newer_segment_waits_while_the_older_idx_is_unreadable(harness: MakeHarn
     """The older segment's idx caught mid-rewrite (its final COMPLETED rewrite): the newer segment is not read
     before it, so a partition's changes keep the node's order. An idx that stays unreadable is logged, once."""
     h = harness(segment_size=16 * 1024)
-    unreadable = collections.Counter[str]()
-    read_index = agent_module.read_cdc_index
-
-    def spying(path: Path) -> Any:
-        result = read_index(path)
-        if result is None and path.exists():
-            unreadable[path.name] += 1
-        return result
-    monkeypatch.setattr(agent_module, "read_cdc_index", spying)
+    unreadable = count_unreadable_idx_reads(monkeypatch, lambda path: path.name)
     older = h.node.active_segment
     while h.node.active_segment is older:
         h.write(20, sync_every=20)
