@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
 
+from cassandra_cdc.pipeline.catalog import SchemaCatalog
 from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog
 from cassandra_cdc.pipeline.source import KafkaSourceError, SourceOptions, admit
+from cassandra_cdc.schema import parse_schema
+from cassandra_cdc.topics.schemas import SchemaRecord
 from cassandra_cdc.pipeline.spark import ROCKSDB_PROVIDER, WORKER_DAEMON, kafka_format_available
 
 
@@ -302,6 +306,32 @@ def test_transactional_sink_aborts_a_failed_task(spark, broker):
     retry = KafkaTransactionalSink(broker.bootstrap_servers, "abort-commits", "test-abort")
     assert retry.write_batch(events(spark, output, 300), 0).records == 300
     assert len(read_topic(broker, output)) == 300
+
+
+def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
+    topic = "catalog-schemas"
+    broker.create_topic(topic, 1)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "acks": "all"})
+
+    def publish(cql: str) -> None:
+        table = parse_schema(cql).table("ks", "t")
+        record = SchemaRecord.of(table, "cluster")
+        producer.produce(topic, record.encode(), record.key)
+        assert producer.flush(30) == 0
+
+    table_id = "6c0e7a10-0000-4000-8000-0000000000c1"
+    catalog = SchemaCatalog.shared(broker.bootstrap_servers, topic)
+    assert SchemaCatalog.shared(broker.bootstrap_servers, topic) is catalog
+    assert catalog.refresh() is False  # nothing published yet
+    publish(f"CREATE TABLE ks.t (id int PRIMARY KEY, a text) WITH ID = {table_id} AND cdc = true;")
+    found = catalog.table(uuid.UUID(table_id))
+    assert found is not None and [c.name for c in found[0].columns] == ["id", "a"]
+    assert catalog.refresh() is False  # nothing new: nothing read
+    publish(f"CREATE TABLE ks.t (id int PRIMARY KEY, a text, b int) WITH ID = {table_id} AND cdc = true;")
+    assert catalog.refresh() is True
+    table, version = catalog.table(uuid.UUID(table_id))
+    assert [c.name for c in table.columns] == ["id", "a", "b"] and version != found[1]
+    catalog.close()
 
 
 def test_at_least_once_sink_creates_topics(spark, broker):

@@ -1,35 +1,53 @@
 """Table schemas as the agents publish them on the schema topic, read wherever records are decoded.
 
 The pipeline never connects to Cassandra: a raw record names its table by id, and the schema topic
-maps ids to definitions. The catalog reads the (compacted, small) topic to its end, and again when a
-record names a table it does not know or a column its definition lacks (a schema change).
+maps ids to definitions. The catalog reads the (compacted, small) topic to its end once, then only
+what was added since, each time it is refreshed: when a record names a table it does not know or a
+column its definition lacks (a schema change), and at the start of each micro-batch.
+
+Spark creates the stateful processor's handle for every micro-batch but reuses the Python worker
+processes, so ``SchemaCatalog.shared`` keeps one catalog (and its consumer) per process: a refresh is
+then a watermark request, not a new consumer reading the whole topic (about a second per batch).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import time
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..schema import Schema, TableMetadata
 from ..topics.schemas import SchemaRecord
 
 log = logging.getLogger(__name__)
 
-REFRESH_INTERVAL_SECONDS = 1.0
+TIMEOUT_SECONDS = 10.0
 
 
 class SchemaCatalog:
+    _shared: ClassVar[dict[str, "SchemaCatalog"]] = {}
+
     def __init__(self, bootstrap_servers: str, topic: str, consumer: dict[str, Any] | None = None) -> None:
         self._settings = {"bootstrap.servers": bootstrap_servers, "group.id": "cassandra-cdc-schema-reader",
-                          "enable.auto.commit": False, "isolation.level": "read_committed", **(consumer or {})}
+                          "enable.auto.commit": False, "enable.auto.offset.store": False,
+                          "enable.partition.eof": True, "isolation.level": "read_committed", **(consumer or {})}
         self.topic = topic
         self.schema = Schema()
         self._versions: dict[uuid.UUID, str] = {}
-        self._refreshed_at = float("-inf")
+        self._consumer: Consumer | None = None
+        self._next: dict[int, int] = {}  # partition -> next offset to read
+
+    @classmethod
+    def shared(cls, bootstrap_servers: str, topic: str, consumer: dict[str, Any] | None = None) -> "SchemaCatalog":
+        """The catalog of this process for these settings, created on first use."""
+        identity = json.dumps([bootstrap_servers, topic, consumer or {}], sort_keys=True, default=str)
+        catalog = cls._shared.get(identity)
+        if catalog is None:
+            catalog = cls._shared[identity] = cls(bootstrap_servers, topic, consumer)
+        return catalog
 
     def table(self, table_id: uuid.UUID, refresh: bool = True) -> tuple[TableMetadata, str] | None:
         """The latest definition of a table and its version, reading the topic again if unknown."""
@@ -39,31 +57,48 @@ class SchemaCatalog:
         return None if table is None else (table, self._versions[table_id])
 
     def refresh(self) -> bool:
-        """Read the topic again (at most once a second); return whether it was read."""
-        if time.monotonic() - self._refreshed_at < REFRESH_INTERVAL_SECONDS:
+        """Read what was added to the topic since the last refresh; return whether anything was."""
+        consumer = self._consumer
+        if consumer is None:
+            consumer = self._consumer = Consumer(self._settings)
+        metadata = consumer.list_topics(self.topic, timeout=TIMEOUT_SECONDS).topics.get(self.topic)
+        if metadata is None or metadata.error is not None:
+            if metadata is not None and metadata.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise KafkaException(metadata.error)
+            return False  # no agent has published a schema yet
+        ends = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                       timeout=TIMEOUT_SECONDS, cached=False)
+            start = max(self._next.get(partition, 0), low)
+            if high > start:
+                ends[partition] = high
+                self._next[partition] = start
+        if not ends:
             return False
-        self._refreshed_at = time.monotonic()
-        consumer = Consumer(self._settings)
+        consumer.assign([TopicPartition(self.topic, partition, self._next[partition]) for partition in ends])
         try:
-            metadata = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
-            if metadata is None or metadata.error is not None:
-                return True
-            ends = {}
-            for partition in metadata.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=10)
-                if high > low:
-                    ends[partition] = high
-            consumer.assign([TopicPartition(self.topic, p, 0) for p in ends])
             while ends:
                 for message in consumer.consume(1000, timeout=1.0):
-                    if message.error() is not None:
+                    partition, error = message.partition(), message.error()
+                    if partition not in ends:
                         continue
-                    self._add(message.value())
-                    if message.offset() + 1 >= ends.get(message.partition(), 0):
-                        ends.pop(message.partition(), None)
+                    if error is None:
+                        self._add(message.value())
+                        self._next[partition] = message.offset() + 1
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        continue  # librdkafka retries by itself
+                    # The end can be a compacted-away record or a transaction marker: EOF ends it too.
+                    if error is not None or self._next[partition] >= ends[partition]:
+                        del ends[partition]
         finally:
-            consumer.close()
+            consumer.unassign()
         return True
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
 
     def _add(self, value: bytes | None) -> None:
         if not value:

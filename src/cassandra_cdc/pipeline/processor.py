@@ -106,8 +106,9 @@ class ChangeProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.state = handle.getValueState("partitions", _STATE_SCHEMA)
-        self.catalog = SchemaCatalog(self.settings.bootstrap_servers, self.settings.schema_topic,
-                                     dict(self.settings.consumer))
+        self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
+                                            dict(self.settings.consumer))
+        self.catalog.refresh()  # each batch decodes with the definitions published before it
         registry = SchemaRegistry(self.settings.schema_registry_url) if self.settings.schema_registry_url else None
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}
