@@ -16,7 +16,8 @@ from pyspark.sql import functions as F
 
 from cassandra_cdc.pipeline.catalog import SchemaCatalog
 from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog
-from cassandra_cdc.pipeline.source import KafkaSourceError, SourceOptions, admit
+from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, SourceOptions,
+                                           admit)
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.topics.schemas import SchemaRecord
 from cassandra_cdc.pipeline.spark import ROCKSDB_PROVIDER, WORKER_DAEMON, kafka_format_available
@@ -169,6 +170,33 @@ def test_source_reads_committed_transactions_only(spark, broker, tmp_path):
     rows = [row for batch in batches for row in batch]
     assert sorted((row[3], row[0]) for row in rows) == sorted((p, k) for p, k, _ in expected)
     assert len(batches) > 1
+
+
+def test_source_task_reads_exact_ranges_with_the_consumer_it_keeps(broker):
+    """A Python worker keeps one consumer for its read tasks: each range gives exactly its records, in
+    any order of ranges (a replay reads an earlier one again), also when it ends with a transaction's
+    commit marker, an offset that is never delivered."""
+    topic = "kept-consumer"
+    broker.create_topic(topic, 2)
+    produce(broker, topic, [(i % 2, b"k%d" % i, b"v%d" % i) for i in range(400)])
+    transactional = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "kept-consumer"})
+    transactional.init_transactions(30)
+    transactional.begin_transaction()
+    transactional.produce(topic, b"in-transaction", b"t", partition=0)
+    transactional.commit_transaction(30)  # offsets 200 (record) and 201 (commit marker) of partition 0
+    reader = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap_servers,
+                                                   "subscribe": topic}))
+
+    def read(partition: int, start: int, end: int) -> list[bytes]:
+        batches = reader.read(KafkaInputPartition(topic, partition, start, end))
+        return [value for batch in batches for value in batch.column("value").to_pylist()]
+
+    expected = {partition: [b"v%d" % i for i in range(partition, 400, 2)] for partition in (0, 1)}
+    assert read(0, 0, 50) == expected[0][:50]
+    assert read(1, 100, 200) == expected[1][100:]
+    assert read(0, 150, 202) == expected[0][150:] + [b"in-transaction"]
+    assert read(0, 20, 60) == expected[0][20:60]
+    assert read(1, 0, 10) == expected[1][:10]
 
 
 @pytest.mark.xfail(strict=True, reason="noida-db 0.2.3 lists stale aborted transactions in fetch responses")

@@ -51,9 +51,9 @@ How it maps to Spark:
 - Offsets are ``{"<partition>": <next offset>}`` (partitions in numeric order, so equal offsets are
   equal JSON) and live only in Spark's checkpoint: nothing is committed to Kafka, a consumer group id
   is never joined.
-- One Spark partition (task) per Kafka partition with new offsets in the micro-batch; the task opens
-  its own consumer, ``assign``s it at the start offset and reads up to the end offset, emitting Arrow
-  record batches.
+- One Spark partition (task) per Kafka partition with new offsets in the micro-batch; the task
+  ``assign``s its Python worker's consumer (kept across micro-batches) at the start offset and reads up
+  to the end offset, emitting Arrow record batches.
 - ``isolation.level=read_committed`` by default: the latest offset of a partition is its last stable
   offset, so a batch never waits for an open transaction, and aborted records are never emitted.
   Offset ranges are counted in offsets, which include transaction markers and aborted records, so a
@@ -100,6 +100,10 @@ METADATA_TIMEOUT = 30.0
 EARLIEST, LATEST = -2, -1
 # Rows per consume() call, hence per Arrow record batch at most.
 CONSUME_BATCH = 10_000
+# How long one consume() call waits for CONSUME_BATCH rows before returning what it has: short, because
+# a range can end with offsets that are never delivered (transaction markers, aborted records), so
+# that the wait for its last rows is a wait for the end-of-partition event.
+CONSUME_WAIT = 0.05
 # librdkafka's timestamp types are NOT_AVAILABLE=0, CREATE_TIME=1, LOG_APPEND_TIME=2; Kafka's (and
 # Spark's ``timestampType``) are -1, 0, 1.
 _TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
@@ -356,21 +360,47 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side --
 
     def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        options = self.options
-        consumer = Consumer(options.consumer_config(**{
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error" if options.fail_on_data_loss else "earliest",
-        }))
+        consumer = _task_consumer(self.options)
         try:
             consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
             chunks = consume_range(consumer, partition.topic, partition.partition, partition.start,
-                                   partition.end, options.poll_timeout_ms / 1000)
+                                   partition.end, self.options.poll_timeout_ms / 1000)
             yield from _arrow_batches(chunks, partition.topic, partition.partition)
+            consumer.unassign()  # no fetching for this task once it is done
         except DataLossError as error:
+            _drop_task_consumer(self.options)
             raise DataLossError(f"{SOURCE_NAME}: {error} (set failOnDataLoss=false to skip what is gone)") \
                 from None
-        finally:
-            consumer.close()
+        except BaseException:
+            _drop_task_consumer(self.options)
+            raise
+
+
+# The read tasks' consumers, one per Python worker process and options: workers outlive micro-batches,
+# and a new consumer per task (connection, metadata, first fetch) cost ~0.1-0.3 s per partition and batch.
+_TASK_CONSUMERS: dict[str, Consumer] = {}
+
+
+def _task_consumer(options: SourceOptions) -> Consumer:
+    identity = _task_consumer_identity(options)
+    consumer = _TASK_CONSUMERS.get(identity)
+    if consumer is None:
+        consumer = _TASK_CONSUMERS[identity] = Consumer(options.consumer_config(**{
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error" if options.fail_on_data_loss else "earliest",
+        }))
+    return consumer
+
+
+def _drop_task_consumer(options: SourceOptions) -> None:
+    """After a failure the consumer may be in any state: the next task starts with a new one."""
+    consumer = _TASK_CONSUMERS.pop(_task_consumer_identity(options), None)
+    if consumer is not None:
+        consumer.close()
+
+
+def _task_consumer_identity(options: SourceOptions) -> str:
+    return json.dumps([options.kafka, options.fail_on_data_loss], sort_keys=True)
 
 
 def consume_range(consumer: Consumer, topic: str, partition: int, start: int, end: int,
@@ -385,8 +415,8 @@ def consume_range(consumer: Consumer, topic: str, partition: int, start: int, en
     next_offset = start
     deadline = time.monotonic() + poll_timeout
     while next_offset < end:
-        records = []
-        for message in consumer.consume(num_messages=min(CONSUME_BATCH, end - next_offset), timeout=1.0):
+        wanted, records = next_offset, []
+        for message in consumer.consume(num_messages=min(CONSUME_BATCH, end - next_offset), timeout=CONSUME_WAIT):
             error = message.error()
             if error is None:
                 records.append(message)
@@ -397,6 +427,8 @@ def consume_range(consumer: Consumer, topic: str, partition: int, start: int, en
                 raise DataLossError(f"data loss on {where}: offset {next_offset} is gone ({error.str()})")
             elif error.fatal() or error.code() not in _TRANSIENT:
                 raise KafkaSourceError(f"reading {where} failed at offset {next_offset}: {error.str()}")
+        if records and records[0].offset() < wanted:  # fetched for an earlier assignment
+            records = [record for record in records if record.offset() >= wanted]
         if records and records[-1].offset() >= end:
             next_offset = end
             records = [record for record in records if record.offset() < end]
