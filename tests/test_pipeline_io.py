@@ -14,8 +14,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
 
+import pyarrow as pa
+
 from cassandra_cdc.pipeline.catalog import SchemaCatalog
-from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog
+from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog, _TransactionalProducer
 from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, SourceOptions,
                                            admit)
 from cassandra_cdc.schema import parse_schema
@@ -334,6 +336,41 @@ def test_transactional_sink_aborts_a_failed_task(spark, broker):
     retry = KafkaTransactionalSink(broker.bootstrap_servers, "abort-commits", "test-abort")
     assert retry.write_batch(events(spark, output, 300), 0).records == 300
     assert len(read_topic(broker, output)) == 300
+
+
+def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote_its_partition(broker):
+    """Workers keep their transactional producers across batches. When a partition moves to another
+    worker, that worker's producer fences the first one; the first worker must notice (the other's
+    commit marker) and register a new producer instead of failing its next batch."""
+    output = "kept-producer-output"
+    broker.create_topic(output, 1)
+    sink = KafkaTransactionalSink(broker.bootstrap_servers, "kept-producer-commits", "test-kept")
+    sink._prepare()
+
+    def rows(batch_id: int) -> list[pa.RecordBatch]:
+        return [pa.RecordBatch.from_pydict({"topic": [output] * 3, "key": [b"k"] * 3,
+                                            "value": [b"b%d-%d" % (batch_id, i) for i in range(3)]})]
+
+    def in_worker(worker: dict, batch_id: int) -> tuple[int, bool]:
+        """Run one task as the given worker process would, with that worker's kept clients."""
+        kept = _TransactionalProducer._instances, _CommitLog._instances
+        _TransactionalProducer._instances, _CommitLog._instances = worker["producers"], worker["commits"]
+        try:
+            return sink._write_partition(iter(rows(batch_id)), 0, batch_id, "query-1")
+        finally:
+            _TransactionalProducer._instances, _CommitLog._instances = kept
+
+    first, second = ({"producers": {}, "commits": {}} for _ in range(2))
+    assert in_worker(first, 0) == (3, False)
+    assert in_worker(first, 1) == (3, False)
+    kept_producer = next(iter(first["producers"].values()))
+    assert in_worker(second, 2) == (3, False)  # registers the id again: fences the first worker's producer
+    assert in_worker(first, 3) == (3, False)
+    assert next(iter(first["producers"].values())) is not kept_producer
+    assert in_worker(second, 3) == (0, True)  # a replay of batch 3 elsewhere: already committed
+    assert in_worker(first, 4) == (3, False)
+    values = [value for _, _, _, value in read_topic(broker, output)]
+    assert values == [b"b%d-%d" % (batch_id, i) for batch_id in range(5) for i in range(3)]
 
 
 def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):

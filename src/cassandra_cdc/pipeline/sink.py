@@ -21,6 +21,8 @@ same id and completes or aborts its open transaction), then reads the last commi
 (read_committed, incrementally, cached per Python worker): if it is ``>= b``, the partition was already
 committed before a crash and the task writes nothing. So when Spark replays a batch (a failed task, a
 driver restart between the write and the checkpoint's commit log), every partition is committed once.
+A Python worker keeps its registered producers for the next batches, as long as no other process
+committed under their id meanwhile (see ``_TransactionalProducer``).
 
 What consumers get:
 
@@ -71,7 +73,7 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, ClassVar, Iterator
 
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -218,53 +220,105 @@ class KafkaTransactionalSink(_KafkaSink):
         if rows is None:
             return 0, False  # nothing to write, nothing to remember: a replay has nothing either
         key = self.transactional_id(partition)
-        producer = Producer(self._producer_settings(**{"transactional.id": key, "enable.idempotence": True,
-                                                       "acks": "all"}))
+        settings = self._producer_settings(**{"transactional.id": key, "enable.idempotence": True, "acks": "all"})
+        commits = _CommitLog.of(self._admin_settings(), self.commit_topic)
         try:
-            # First fence any older attempt with this id (its open transaction is completed or aborted),
-            # then look at what is committed: nothing can commit behind our back after this point.
-            producer.init_transactions(TIMEOUT)
-            commits = _CommitLog.of(self._admin_settings(), self.commit_topic)
-            last = commits.last_batch(key, query_id)
-            if last is not None and last >= batch_id:
+            # Committed before a crash: skip without registering the id, which would fence the producer
+            # another worker keeps for it.
+            committed = commits.last_batch(key, query_id)
+            if _at_or_after(committed, batch_id):
                 return 0, True
-            producer.begin_transaction()
-            try:
-                count = self._produce_all(producer, rows)
-                self._produce_marker(producer, key, json.dumps({
-                    "query": self.query_name, "query_id": query_id, "partition": partition,
-                    "batch_id": batch_id, "records": count}).encode())
-                _commit(producer)
-            except BaseException:
-                _abort(producer, key)
-                raise
-            commits.remember(key, query_id, batch_id)
-            return count, False
+            producer = _TransactionalProducer.of(settings, query_id, committed, commits)
+            if _at_or_after(producer.last_committed, batch_id):
+                return 0, True
+            marker = {"query": self.query_name, "query_id": query_id, "partition": partition, "batch_id": batch_id}
+            return producer.write(batch_id, lambda kafka: self._produce_partition(kafka, rows, key, marker)), False
         except KafkaException as error:
             raise SinkError(f"writing batch {batch_id} partition {partition} to Kafka in transaction {key} "
                             f"failed: {error}") from error
+
+    def _produce_partition(self, producer: Producer, rows: Iterator[pa.RecordBatch], key: str,
+                           marker: dict[str, Any]) -> int:
+        count = self._produce_all(producer, rows)
+        self._produce_marker(producer, key, json.dumps({**marker, "records": count}).encode())
+        return count
 
     def _produce_marker(self, producer: Producer, key: str, value: bytes) -> None:
         producer.produce(self.commit_topic, value, key.encode())
 
 
-def _commit(producer: Producer) -> None:
-    for attempt in range(1, COMMIT_ATTEMPTS + 1):
+def _at_or_after(committed: int | None, batch_id: int) -> bool:
+    return committed is not None and committed >= batch_id
+
+
+class _TransactionalProducer:
+    """The producer of one transactional id, kept by a Python worker process across micro-batches.
+
+    Creating a producer and registering its id (``init_transactions``) costs a connection and
+    coordinator round trips, in every partition of every batch if done each time. Workers outlive
+    batches, so each keeps its producers. Registering an id fences every older producer of it and
+    completes or aborts its open transaction; after that, what is committed under the id can change
+    only through this producer. So a kept producer is reused only while the commit topic's last marker
+    for its id is still the one it knew: another process that wrote the partition since (after
+    fencing this producer) committed a newer one, and this producer is replaced. (A task that finds its
+    batch committed already skips it without registering the id, so as not to fence a kept producer
+    without a marker saying so. One that registers the id and then fails does fence it that way: the
+    next write of that kept producer fails, which drops it, and Spark's retry of the task succeeds.)
+    """
+
+    _instances: ClassVar[dict[tuple[str, str | None], "_TransactionalProducer"]] = {}
+
+    @classmethod
+    def of(cls, settings: dict[str, Any], query_id: str | None, committed: int | None,
+           commits: "_CommitLog") -> "_TransactionalProducer":
+        """This process's registered producer for ``settings["transactional.id"]``, given the last batch
+        ``committed`` under that id (the commit topic's last marker)."""
+        identity = (json.dumps(settings, sort_keys=True, default=str), query_id)
+        kept = cls._instances.get(identity)
+        if kept is not None and kept.last_committed == committed:
+            return kept
+        producer = cls._instances[identity] = cls(settings)
+        # Read the markers only now that older attempts are fenced: none can commit behind our back.
+        producer.last_committed = commits.last_batch(producer.key, query_id)
+        return producer
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.key: str = settings["transactional.id"]
+        self.last_committed: int | None = None  # the last batch committed under this id, as far as known
+        self._producer = Producer(settings)
+        self._producer.init_transactions(TIMEOUT)
+
+    def write(self, batch_id: int, produce: Callable[[Producer], int]) -> int:
+        """Run ``produce`` in a transaction and commit it, or abort it and drop this producer."""
         try:
-            producer.commit_transaction(TIMEOUT)
-            return
+            self._producer.begin_transaction()
+            count = produce(self._producer)
+            self._commit()
+        except BaseException:
+            self._abort()
+            for identity, producer in list(self._instances.items()):
+                if producer is self:
+                    del self._instances[identity]
+            raise
+        self.last_committed = batch_id
+        return count
+
+    def _commit(self) -> None:
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self._producer.commit_transaction(TIMEOUT)
+                return
+            except KafkaException as error:
+                if not error.args[0].retriable() or attempt == COMMIT_ATTEMPTS:
+                    raise
+
+    def _abort(self) -> None:
+        try:
+            self._producer.abort_transaction(TIMEOUT)
         except KafkaException as error:
-            if not error.args[0].retriable() or attempt == COMMIT_ATTEMPTS:
-                raise
-
-
-def _abort(producer: Producer, key: str) -> None:
-    try:
-        producer.abort_transaction(TIMEOUT)
-    except KafkaException as error:
-        # Fatal (fenced by a newer attempt) or the broker is gone: the broker aborts the transaction
-        # when its timeout expires or the next attempt registers the same transactional id.
-        log.warning("could not abort transaction %s: %s", key, error)
+            # Fatal (fenced by a newer attempt) or the broker is gone: the broker aborts the transaction
+            # when its timeout expires or the next attempt registers the same transactional id.
+            log.warning("could not abort transaction %s: %s", self.key, error)
 
 
 class _CommitLog:
