@@ -17,6 +17,9 @@ from pyspark.sql import functions as F
 import pyarrow as pa
 
 from cassandra_cdc.pipeline.catalog import SchemaCatalog
+from cassandra_cdc.pipeline.config import ConfigError
+from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
+from cassandra_cdc.pipeline.job import balanced_bucket_keys, check_state_layout
 from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog, _TransactionalProducer
 from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, SourceOptions,
                                            admit)
@@ -410,3 +413,33 @@ def test_at_least_once_sink_creates_topics(spark, broker):
     assert len(broker.admin().list_topics(output, timeout=10).topics[output].partitions) == 3
     with pytest.raises(Exception, match="lacks columns"):
         sink.write_batch(spark.range(3), 1)
+
+
+# --- job.py: how state is laid out -----------------------------------------------------------------
+
+@pytest.mark.parametrize("buckets, partitions", [(8, 2), (16, 2), (12, 3)])
+def test_state_buckets_are_spread_evenly_over_the_state_partitions(spark, buckets, partitions):
+    keys = balanced_bucket_keys(spark, buckets, partitions)
+    assert len(set(keys)) == buckets
+    # The shuffle in front of the stateful operator: hash partitioning of the grouping key.
+    placed = (spark.createDataFrame([(key,) for key in keys], "bucket bigint").repartition(partitions, "bucket")
+              .groupBy(F.spark_partition_id().alias("partition")).count().collect())
+    assert sorted(row["count"] for row in placed) == [buckets // partitions] * partitions
+
+
+def test_a_checkpoint_refuses_other_state_settings(tmp_path):
+    def config(buckets: int = 8):
+        return load_pipeline_config(None, {"server": "s", "checkpoint": str(tmp_path / "checkpoint"),
+                                           "kafka.bootstrap_servers": "127.0.0.1:1", "state.buckets": buckets})
+
+    check_state_layout(config())  # a new checkpoint records its settings
+    check_state_layout(config())
+    with pytest.raises(ConfigError, match="state.buckets 8 → 16"):
+        check_state_layout(config(16))
+    # A checkpoint with offsets but no record of its layout was written before the layout was recorded.
+    older = tmp_path / "older"
+    (older / "offsets").mkdir(parents=True)
+    (older / "offsets" / "0").write_text("v1")
+    with pytest.raises(ConfigError, match="earlier version"):
+        check_state_layout(load_pipeline_config(None, {"server": "s", "checkpoint": str(older),
+                                                       "kafka.bootstrap_servers": "127.0.0.1:1"}))

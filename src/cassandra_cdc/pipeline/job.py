@@ -6,16 +6,18 @@ session itself; under spark-submit the session's master and settings come from s
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
 import time
+from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from .config import PipelineConfig
+from .config import ConfigError, PipelineConfig
 from .processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings, with_copy_identity
 from .sink import KafkaAtLeastOnceSink, KafkaTransactionalSink
 from .source import KafkaDataSource
@@ -53,12 +55,63 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
         schema_registry_url=config.output.schema_registry_url, tombstones=config.output.tombstones,
         consumer=tuple(sorted(config.kafka.consumer.items())))
     raw = with_copy_identity(read_raw(spark, config))
-    bucketed = raw.withColumn("bucket", F.pmod(F.xxhash64("key"), F.lit(config.state.buckets)))
-    return bucketed.groupBy("bucket").transformWithStateInPandas(
+    keys = balanced_bucket_keys(spark, config.state.buckets, config.spark.shuffle_partitions)
+    bucket = F.element_at(F.array(*(F.lit(key) for key in keys)).cast("array<bigint>"),
+                          (F.pmod(F.xxhash64("key"), F.lit(len(keys))) + 1).cast("int"))
+    return raw.withColumn("bucket", bucket).groupBy("bucket").transformWithStateInPandas(
         ChangeProcessor(settings), OUTPUT_SCHEMA, "Update", "ProcessingTime")
 
 
+def balanced_bucket_keys(spark: SparkSession, buckets: int, partitions: int) -> list[int]:
+    """The grouping key of each state bucket, chosen so that the state partitions get equal shares.
+
+    Spark places a grouping key in partition ``pmod(hash(key), partitions)``: bucket numbers used as
+    keys land unevenly (16 buckets over 2 partitions: 7 and 9; 8 buckets: 3 and 5), and the fullest
+    partition sets the pace of every micro-batch. Bucket ``b`` gets the smallest unused key that Spark
+    places in partition ``b % partitions``, asked of Spark itself so as to follow its hash exactly.
+    """
+    wanted = -(-buckets // partitions)  # keys per partition
+    candidates = spark.range(8 * wanted * partitions).select(
+        "id", F.pmod(F.hash("id"), F.lit(partitions)).alias("partition")).collect()
+    by_partition: dict[int, list[int]] = {}
+    for row in candidates:
+        by_partition.setdefault(row.partition, []).append(row.id)
+    if any(len(by_partition.get(partition, ())) < wanted for partition in range(partitions)):
+        raise RuntimeError(f"cannot spread {buckets} state buckets over {partitions} partitions")
+    return [by_partition[bucket % partitions][bucket // partitions] for bucket in range(buckets)]
+
+
+STATE_LAYOUT_FILE = "cassandra-cdc-state.json"
+STATE_LAYOUT_VERSION = 2  # 2: buckets keyed by balanced_bucket_keys; 1 (no file): by bucket number
+
+
+def check_state_layout(config: PipelineConfig) -> None:
+    """Refuse a checkpoint whose state was laid out otherwise than this job would read it.
+
+    The number of buckets, the number of state partitions and the way records map to buckets are
+    fixed once a checkpoint has state: with others, the merge would start from missing state and emit
+    wrong events. A new checkpoint records them.
+    """
+    checkpoint = Path(config.checkpoint)
+    layout = {"version": STATE_LAYOUT_VERSION, "state.buckets": config.state.buckets,
+              "spark.shuffle_partitions": config.spark.shuffle_partitions}
+    recorded_file = checkpoint / STATE_LAYOUT_FILE
+    if recorded_file.exists():
+        recorded = json.loads(recorded_file.read_text())
+        changed = [f"{name} {recorded.get(name)} → {value}" for name, value in layout.items() if recorded.get(name) != value]
+        if changed:
+            raise ConfigError(f"checkpoint {checkpoint} was written with other state settings ({', '.join(changed)}): "
+                              "keep them, or start a new checkpoint")
+        return
+    if any((checkpoint / "offsets").glob("[0-9]*")):
+        raise ConfigError(f"checkpoint {checkpoint} was written by an earlier version of the pipeline, whose merge "
+                          "state this one cannot read: start a new checkpoint (and bootstrap the tables again)")
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    recorded_file.write_text(json.dumps(layout))
+
+
 def start(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
+    check_state_layout(config)
     kafka = config.kafka
     if config.output.exactly_once:
         sink = KafkaTransactionalSink(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, kafka.producer,
