@@ -46,6 +46,11 @@ STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
 # Errors that mean Kafka cannot be reached (yet): wait for it, as while publishing.
 UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 SPACE_CHECK_SECONDS = 1.0
+# While a segment is read, the housekeeping (serving Kafka's delivery reports, saving positions every
+# ``state_flush_ms``) runs every this many entries. librdkafka frees a delivered record only when its report is
+# served: without it, the queue fills with records Kafka has already acknowledged, and every record produced
+# lands in memory not touched before (page faults and cache misses, 5% of the agent's CPU).
+HOUSEKEEPING_ENTRIES = 1000
 
 
 class SegmentProgress:
@@ -310,13 +315,15 @@ class Agent:
         with reader:
             stopped = False
             try:
-                for entry in reader.entries():
+                for count, entry in enumerate(reader.entries(), 1):
                     self._publish_entry(progress, reader.version, entry)
                     progress.read_position = entry.position
                     read_any = True
                     if self._stopping.is_set():
                         stopped = True
                         break
+                    if count % HOUSEKEEPING_ENTRIES == 0:
+                        self._housekeeping()
             finally:
                 self.deliveries.seal(self._while_blocked)  # the records held back, so that they report delivery
             progress.resume = reader.resume_point
