@@ -25,10 +25,9 @@ from confluent_kafka import KafkaError, KafkaException
 from ..commitlog import Damage, KeyStore, SegmentReader, UnknownTableError
 from ..commitlog.errors import CommitLogError, MutationDecodeError
 from ..commitlog.mutation import split_partition_updates
-from ..commitlog.partition import peek_min_timestamp
 from ..commitlog.reader import DamageKind, Entry
 from ..schema import TableMetadata
-from ..topics.raw import encode_raw_record, record_key
+from ..topics.raw import encode_update
 from ..topics.schemas import SchemaRecord
 from .cdc_raw import CdcSegment, ChangeNotifier, cdc_raw_bytes, list_segments, read_cdc_index
 from .config import AgentConfig
@@ -362,9 +361,8 @@ class Agent:
         segment_id = progress.segment.segment_id
         sent = []
         for route, update in published:
-            value = encode_raw_record(self._node_id, segment_id, entry.position, version,
-                                      peek_min_timestamp(update) or 0, update)
-            receipt = self.deliveries.send(self._raw_topic, record_key(update), value, self._while_blocked)
+            key, value = encode_update(self._node_id, segment_id, entry.position, version, update)
+            receipt = self.deliveries.send(self._raw_topic, key, value, self._while_blocked)
             if receipt is None:
                 return  # stopped while Kafka's queue was full: the entry is read again after the restart
             sent.append((receipt, route.name))

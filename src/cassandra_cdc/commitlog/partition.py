@@ -173,9 +173,13 @@ def peek_min_timestamp(update: bytes | memoryview) -> int | None:
     Only the table id, key and flags are skipped, so this costs nothing like a decode (the agent calls
     it for every record). None for an empty update.
     """
-    key_length, pos = read_unsigned_vint(update, 16)
-    pos += key_length
-    if update[pos] & IS_EMPTY:
+    key_length, key_start = read_unsigned_vint(update, 16)
+    return peek_min_timestamp_after_key(update, key_start + key_length)
+
+
+def peek_min_timestamp_after_key(update: bytes | memoryview, key_end: int) -> int | None:
+    """``peek_min_timestamp`` for a caller that has read the partition key already (it ends at ``key_end``)."""
+    if update[key_end] & IS_EMPTY:
         return None
-    timestamp_delta, _ = read_unsigned_vint(update, pos + 1)
+    timestamp_delta, _ = read_unsigned_vint(update, key_end + 1)
     return s64(timestamp_delta + TIMESTAMP_EPOCH)

@@ -26,6 +26,7 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+from ..commitlog.partition import peek_min_timestamp_after_key
 from ..commitlog.vint import read_unsigned_vint
 
 FORMAT_VERSION = 1
@@ -91,3 +92,17 @@ def record_key(update: bytes) -> bytes:
     """Kafka key of a partition update: its table id and partition key bytes."""
     size, start = read_unsigned_vint(update, 16)
     return update[:16] + update[start:start + size]
+
+
+def encode_update(node_id: bytes, segment_id: int, position: int, commitlog_version: int,
+                  update: bytes) -> tuple[bytes, bytes]:
+    """Kafka key and value of a partition update read from a commit log: ``record_key(update)``, and the raw
+    record with the update's smallest timestamp as its write time (0 for an empty update).
+
+    The agent's per-record path: the partition key's length is read once for both.
+    """
+    size, start = read_unsigned_vint(update, 16)
+    end = start + size
+    value = encode_raw_record(node_id, segment_id, position, commitlog_version,
+                              peek_min_timestamp_after_key(update, end) or 0, update)
+    return update[:16] + update[start:end], value
