@@ -40,54 +40,53 @@ class Deliveries:
     def __init__(self, publisher: Publisher, latency: LatencyHistogram) -> None:
         self._publisher = publisher
         self._latency = latency
-        self.acknowledged: list[int] = []  # per partition slot: the highest sequence Kafka acknowledged
-        self._slots: dict[tuple[str, int], int] = {}
-        self._partitions: dict[str, int] = {}
+        # Per partition slot (one per partition of each topic, numbered as topics are first sent to): the highest
+        # sequence Kafka acknowledged, the records produced since its last marker, and its newest record, held
+        # back until the next one for it comes or ``seal``.
+        self.acknowledged: list[int] = []
         self._since_marker: list[int] = []
-        self._held: dict[int, _Held] = {}
+        self._held: list[_Held | None] = []
+        self._slots: dict[str, list[int]] = {}  # per topic: the slot of each partition
         self._sequence = 0
 
     def send(self, topic: str, key: bytes, value: bytes, should_stop: Callable[[], bool]) -> Receipt | None:
         """Queue a record. None if asked to stop while Kafka's queue was full: then the record, or the one it
         was to release, may not be queued, and the caller must not count it as published."""
-        partition = zlib.crc32(key) % (self._partitions.get(topic) or self._partition_count(topic))
-        slot = self._slots.get((topic, partition))
-        if slot is None:
-            slot = self._slots[(topic, partition)] = len(self.acknowledged)
-            self.acknowledged.append(0)
-            self._since_marker.append(0)
-        held = self._held.get(slot)
-        if held is not None:
-            marker = self._since_marker[slot] >= MARKER_INTERVAL
-            if not self._produce(slot, held, marker, should_stop):
-                return None
-        self._sequence += 1
-        self._held[slot] = (topic, partition, key, value, self._sequence)
-        return slot, self._sequence
+        slots = self._slots.get(topic) or self._add_slots(topic)
+        partition = zlib.crc32(key) % len(slots)
+        slot = slots[partition]
+        held = self._held[slot]
+        if held is not None and not self._produce(slot, held, False, should_stop):
+            return None
+        self._sequence = sequence = self._sequence + 1
+        self._held[slot] = (topic, partition, key, value, sequence)
+        return slot, sequence
 
     def seal(self, should_stop: Callable[[], bool]) -> bool:
         """Queue the held records, each reporting its delivery; False if asked to stop meanwhile."""
-        for slot in list(self._held):
-            if not self._produce(slot, self._held[slot], True, should_stop):
-                return False
+        for slot, held in enumerate(self._held):
+            if held is not None:
+                if not self._produce(slot, held, True, should_stop):
+                    return False
+                self._held[slot] = None
         return True
 
     def is_acknowledged(self, receipt: Receipt) -> bool:
         slot, sequence = receipt
         return slot < 0 or self.acknowledged[slot] >= sequence
 
-    def _produce(self, slot: int, held: _Held, marker: bool, should_stop: Callable[[], bool]) -> bool:
+    def _produce(self, slot: int, held: _Held, last: bool, should_stop: Callable[[], bool]) -> bool:
+        """Produce a held record; a marker (asking for a delivery report) if it is its partition's last before a
+        pause or the ``MARKER_INTERVAL``-th since the previous marker."""
         topic, partition, key, value, sequence = held
-        report = None
-        if marker:
+        since_marker = self._since_marker[slot]
+        if last or since_marker >= MARKER_INTERVAL:
             self._since_marker[slot] = 0
             report = functools.partial(self._delivered, slot, sequence, time.monotonic())
         else:
-            self._since_marker[slot] += 1
-        if not self._publisher.publish(topic, key, value, report, should_stop, partition=partition):
-            return False
-        del self._held[slot]
-        return True
+            self._since_marker[slot] = since_marker + 1
+            report = None
+        return self._publisher.publish(topic, key, value, report, should_stop, partition)
 
     def _delivered(self, slot: int, sequence: int, produced_at: float, error: KafkaError | None,
                    _message: Message) -> None:
@@ -95,6 +94,12 @@ class Deliveries:
             self.acknowledged[slot] = max(self.acknowledged[slot], sequence)
             self._latency.observe(time.monotonic() - produced_at)
 
-    def _partition_count(self, topic: str) -> int:
-        self._partitions[topic] = count = self._publisher.partition_count(topic)
-        return count
+    def _add_slots(self, topic: str) -> list[int]:
+        """A slot for each partition of a topic sent to for the first time."""
+        first = len(self.acknowledged)
+        count = self._publisher.partition_count(topic)
+        self.acknowledged += [0] * count
+        self._since_marker += [0] * count
+        self._held += [None] * count
+        slots = self._slots[topic] = list(range(first, first + count))
+        return slots
