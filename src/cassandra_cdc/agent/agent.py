@@ -314,8 +314,9 @@ class Agent:
         with reader:
             stopped = False
             try:
+                version = reader.version
                 for count, entry in enumerate(reader.entries(), 1):
-                    self._publish_entry(progress, reader.version, entry)
+                    self._publish_entry(progress, version, entry)
                     progress.read_position = entry.position
                     read_any = True
                     if self._stopping.is_set():
@@ -355,9 +356,9 @@ class Agent:
             if route.schema_change:
                 self.tables.schema_changed()
             if route.published:
+                if not route.schema_published and not self._publish_schema(route):
+                    return  # stopped while publishing a schema: the entry is read again after the restart
                 published.append((route, update))
-        if published and not self._ensure_schemas_published(published):
-            return  # stopped while publishing a schema: the entry is read again after the restart
         segment_id = progress.segment.segment_id
         sent = []
         for route, update in published:
@@ -385,14 +386,10 @@ class Agent:
             route = self._routes[table_id] = _Route(table, self.tables.is_published(table))
         return route
 
-    def _ensure_schemas_published(self, published: list[tuple[_Route, bytes]]) -> bool:
-        """Publish the schema of each table before its first record; False if stopped meanwhile."""
-        for route, _ in published:
-            if not route.schema_published:
-                route.schema_published = self._ensure_schema_published(route.table)
-                if not route.schema_published:
-                    return False
-        return True
+    def _publish_schema(self, route: _Route) -> bool:
+        """Publish the schema of a route's table, before its first record; False if stopped meanwhile."""
+        route.schema_published = self._ensure_schema_published(route.table)
+        return route.schema_published
 
     def _ensure_schema_published(self, table: TableMetadata) -> bool:
         """Publish (and wait for) the table's schema unless this version is published; False if stopped meanwhile."""
