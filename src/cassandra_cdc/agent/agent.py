@@ -105,8 +105,8 @@ class SegmentProgress:
         in_flight = self._in_flight
         is_acknowledged = self._deliveries.is_acknowledged
         while in_flight and is_acknowledged(in_flight[0][1]):
-            position, _, table = in_flight.popleft()
-            self._acknowledged = max(self._acknowledged, position)
+            # Positions never decrease along in_flight and start at or after the acknowledged one (add).
+            self._acknowledged, _, table = in_flight.popleft()
             if table is not None:
                 self._published[table] += 1
 
