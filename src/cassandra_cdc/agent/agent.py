@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections import Counter, deque
+from collections import defaultdict, deque
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -60,8 +60,8 @@ class SegmentProgress:
     for the others).
     """
 
-    def __init__(self, segment: CdcSegment, acknowledged: int, deliveries: Deliveries, published: Counter[str],
-                 completed: bool = False) -> None:
+    def __init__(self, segment: CdcSegment, acknowledged: int, deliveries: Deliveries,
+                 published: defaultdict[str, int], completed: bool = False) -> None:
         self.segment = segment
         self._acknowledged = acknowledged
         self.read_position = acknowledged
