@@ -175,3 +175,36 @@ def test_a_timer_expires_its_partitions_and_keeps_the_others(processor: Any) -> 
     assert purge > timer + 9 * 86_400_000
     events = run_batch(*processor, copies(Update("app.users", {"id": 2}, {"age": 41}, timestamp=NOW + 1)))
     assert [(e["op"], e["before"]["name"], e["after"]["age"]) for e in events] == [("u", "bob", 41)]
+
+
+def test_a_table_without_a_definition_costs_one_schema_read_per_batch(processor: Any, broker: Any,
+                                                                       monkeypatch: Any) -> None:
+    """Records of a table the schema topic does not define go to the errors topic, and a run of them reads
+    the topic again once, not once per record; the next batch finds a definition published meanwhile."""
+    late = parse_schema("""CREATE TABLE app.late (id int PRIMARY KEY, v text)
+        WITH ID = 7d0e7a10-0000-4000-8000-00000000000d AND cdc = true;""")
+    records = []
+    for i in range(3):
+        update = MutationSerializer.serialize(
+            Mutation(to_mutation(Insert("app.late", {"id": i, "v": "x"}, timestamp=NOW), late).updates), 7)[1:]
+        records.append((record_key(update), RawRecord("node1", 1, i, 7, NOW, update).encode()))
+    change_processor, handle = processor
+    reads = []
+    refresh = change_processor.catalog.refresh
+    monkeypatch.setattr(change_processor.catalog, "refresh", lambda: reads.append(1) or refresh())
+
+    def topics() -> list[str]:
+        rows = [(key, value, 0, offset) for offset, (key, value) in enumerate(records)]
+        raw = SparkSession.getActiveSession().createDataFrame(rows, "key binary, value binary, partition int, offset long")
+        handle.current = (0,)
+        out = pd.concat(change_processor.handleInputRows((0,), iter([with_copy_identity(raw).toPandas()]), _Clock()))
+        return list(out["topic"])
+
+    assert topics() == [f"{SERVER}.errors"] * 3
+    assert len(reads) == 1
+    record = SchemaRecord.of(late.table("app", "late"), "node1")
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce(SERVER, record.encode(), record.key)
+    producer.flush(30)
+    change_processor.init(handle)  # the next micro-batch
+    assert topics() == [f"{SERVER}.app.late"] * 3

@@ -109,6 +109,7 @@ class ChangeProcessor(StatefulProcessor):
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
+        self._refreshed_for: set[uuid.UUID] = set()  # tables the catalog was read again for in this batch
         registry = SchemaRegistry(self.settings.schema_registry_url) if self.settings.schema_registry_url else None
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}
@@ -182,12 +183,17 @@ class ChangeProcessor(StatefulProcessor):
         """The record's table and decoded partition update, or the reason it cannot be decoded.
 
         An unknown table, or a column its known definition lacks, means the schema topic has news (the
-        agents publish a definition before the records that need it): read it again, once.
+        agents publish a definition before the records that need it): read it again, once per table and
+        batch, so that a run of records no definition will explain costs no more than one read.
         """
         reason = f"no schema for table id {record.table_id} on the schema topic {self.settings.schema_topic}"
         for attempt in range(2):
-            if attempt and not self.catalog.refresh():
-                break
+            if attempt:
+                if record.table_id in self._refreshed_for:
+                    break
+                self._refreshed_for.add(record.table_id)
+                if not self.catalog.refresh():
+                    break
             found = self.catalog.table(record.table_id, refresh=False)
             if found is None:
                 continue
