@@ -277,13 +277,14 @@ class _TransactionalProducer:
         kept = cls._instances.get(identity)
         if kept is not None and kept.last_committed == committed:
             return kept
-        producer = cls._instances[identity] = cls(settings)
+        producer = cls._instances[identity] = cls(settings, identity)
         # Read the markers only now that older attempts are fenced: none can commit behind our back.
         producer.last_committed = commits.last_batch(producer.key, query_id)
         return producer
 
-    def __init__(self, settings: dict[str, Any]) -> None:
+    def __init__(self, settings: dict[str, Any], identity: tuple[str, str | None]) -> None:
         self.key: str = settings["transactional.id"]
+        self._identity = identity
         self.last_committed: int | None = None  # the last batch committed under this id, as far as known
         self._producer = Producer(settings)
         self._producer.init_transactions(TIMEOUT)
@@ -296,9 +297,8 @@ class _TransactionalProducer:
             self._commit()
         except BaseException:
             self._abort()
-            for identity, producer in list(self._instances.items()):
-                if producer is self:
-                    del self._instances[identity]
+            if self._instances.get(self._identity) is self:
+                del self._instances[self._identity]
             raise
         self.last_committed = batch_id
         return count

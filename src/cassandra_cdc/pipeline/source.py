@@ -367,12 +367,11 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                    partition.end, self.options.poll_timeout_ms / 1000)
             yield from _arrow_batches(chunks, partition.topic, partition.partition)
             consumer.unassign()  # no fetching for this task once it is done
-        except DataLossError as error:
+        except BaseException as error:
             _drop_task_consumer(self.options)
-            raise DataLossError(f"{SOURCE_NAME}: {error} (set failOnDataLoss=false to skip what is gone)") \
-                from None
-        except BaseException:
-            _drop_task_consumer(self.options)
+            if isinstance(error, DataLossError):
+                raise DataLossError(f"{SOURCE_NAME}: {error} (set failOnDataLoss=false to skip what is gone)") \
+                    from None
             raise
 
 
