@@ -90,7 +90,8 @@ def encode_raw_record(node_id: bytes, segment_id: int, position: int, commitlog_
 
 def record_key(update: bytes) -> bytes:
     """Kafka key of a partition update: its table id and partition key bytes."""
-    return _key_and_key_end(update)[0]
+    size, start = read_unsigned_vint(update, 16)
+    return update[:16] + update[start:start + size]
 
 
 def encode_update(node_id: bytes, segment_id: int, position: int, commitlog_version: int,
@@ -100,14 +101,8 @@ def encode_update(node_id: bytes, segment_id: int, position: int, commitlog_vers
 
     The agent's per-record path: the partition key's length is read once for both.
     """
-    key, key_end = _key_and_key_end(update)
-    value = encode_raw_record(node_id, segment_id, position, commitlog_version,
-                              peek_min_timestamp_after_key(update, key_end) or 0, update)
-    return key, value
-
-
-def _key_and_key_end(update: bytes) -> tuple[bytes, int]:
-    """``record_key(update)``, and where the partition key ends in the update."""
     size, start = read_unsigned_vint(update, 16)
     end = start + size
-    return update[:16] + update[start:end], end
+    value = encode_raw_record(node_id, segment_id, position, commitlog_version,
+                              peek_min_timestamp_after_key(update, end) or 0, update)
+    return update[:16] + update[start:end], value
