@@ -831,22 +831,28 @@ def test_schema_change_logged_by_the_node_reloads_the_cluster_schema(harness: Ma
 
 def test_deliveries_know_every_record_acknowledged_from_a_few_reports(broker: EmbeddedBroker) -> None:
     """Records go to the partition librdkafka's own partitioner picks for their key (as bootstrap's records do);
-    only some report their delivery, yet once sealed and delivered every receipt reads as acknowledged, and
-    nothing reads as acknowledged before Kafka has it."""
+    only some report their delivery, yet once sealed and delivered every watermark taken reads as covered, and
+    none does before Kafka has every record sent before it."""
     topic = f"deliveries-{uuid.uuid4().hex[:8]}"
     publisher = Publisher(broker.bootstrap_servers, 64 * 1024 * 1024)
     publisher.ensure_topics({topic: (5, False)})
     latency = LatencyHistogram((1.0,))
     deliveries = Deliveries(publisher, latency)
     keys = [f"key{i % 300}".encode() for i in range(3000)]
-    receipts = [deliveries.send(topic, key, b"v%d" % i, lambda: False) for i, key in enumerate(keys)]
-    assert all(receipts)
-    newest = {receipt[0]: receipt for receipt in receipts if receipt is not None}  # per partition
-    assert len(newest) == 5 and not any(map(deliveries.is_acknowledged, newest.values())), "held, not yet sent"
+    watermarks = []
+    for i, key in enumerate(keys):
+        assert deliveries.send(topic, key, b"v%d" % i, lambda: False)
+        if i % 100 == 0:
+            watermarks.append(deliveries.watermark())
+    watermarks.append(deliveries.watermark())
+    assert watermarks[-1] and sum(watermarks[-1]) == len(keys), "one sequence number per record"
+    assert publisher.flush(30) == 0
+    publisher.poll(0)
+    assert not deliveries.covers(watermarks[-1]), "each partition's newest record is held, not yet sent"
     assert deliveries.seal(lambda: False)
     assert publisher.flush(30) == 0
     publisher.poll(0)
-    assert all(deliveries.is_acknowledged(r) for r in receipts if r is not None)
+    assert all(map(deliveries.covers, watermarks))
     reports = sum(latency.counts)
     assert 5 <= reports <= 3000 // MARKER_INTERVAL + 5 * 2, reports  # markers, plus one per partition when sealed
 

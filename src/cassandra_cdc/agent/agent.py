@@ -31,7 +31,7 @@ from ..topics.raw import encode_update
 from ..topics.schemas import SchemaRecord
 from .cdc_raw import CdcSegment, ChangeNotifier, cdc_raw_bytes, list_segments, read_cdc_index
 from .config import AgentConfig
-from .deliveries import NOTHING, Deliveries, Receipt
+from .deliveries import Deliveries, Watermark
 from .metrics import AgentMetrics
 from .publisher import Publisher
 from .state import PositionStore
@@ -53,18 +53,19 @@ HOUSEKEEPING_ENTRIES = 1000
 
 
 class SegmentProgress:
-    """Records of one segment in flight to Kafka, oldest first.
+    """How far one segment is read and how far Kafka has acknowledged it.
 
-    Each is ``(position, receipt, table)``: where the segment's acknowledged position moves once that record
-    and all before it are acknowledged (the entry's end for its last record, the position before the entry
-    for the others).
+    Between the two lie checkpoints, oldest first: ``(position, watermark, published)``, taken as reading goes
+    (``checkpoint``). Once Kafka has acknowledged everything up to a checkpoint's watermark, the segment is
+    acknowledged up to its position, and the records sent before it (``published``: how many per table) count
+    as published.
     """
 
     def __init__(self, segment: CdcSegment, acknowledged: int, deliveries: Deliveries,
                  published: defaultdict[str, int], completed: bool = False) -> None:
         self.segment = segment
         self._acknowledged = acknowledged
-        self.read_position = acknowledged
+        self.read_position = acknowledged  # every entry before it is published (its records queued)
         self.read_all = completed
         self.index_offset: int | None = None
         self.resume: tuple[int, int, int] | None = None  # where the sections read so far end (SegmentReader)
@@ -74,20 +75,12 @@ class SegmentProgress:
         self.unreadable_logged = False
         self._deliveries = deliveries
         self._published = published
-        self._in_flight: deque[tuple[int, Receipt, str | None]] = deque()
+        self._checkpoints: deque[tuple[int, Watermark, dict[str, int]]] = deque()
 
-    def add(self, position: int, records: list[tuple[Receipt, str]]) -> None:
-        """An entry read, with the receipts of the records it published and their tables."""
-        in_flight = self._in_flight
-        before = in_flight[-1][0] if in_flight else self._acknowledged
-        position = max(position, before)
-        if not records:
-            in_flight.append((position, NOTHING, None))
-            return
-        for receipt, table in records[:-1]:
-            in_flight.append((before, receipt, table))
-        receipt, table = records[-1]
-        in_flight.append((position, receipt, table))
+    def checkpoint(self, sent: dict[str, int]) -> None:
+        """Mark the read position: it is acknowledged once every record sent so far is (``sent`` of them since
+        the previous checkpoint, per table)."""
+        self._checkpoints.append((self.read_position, self._deliveries.watermark(), sent))
 
     @property
     def acknowledged(self) -> int:
@@ -98,17 +91,15 @@ class SegmentProgress:
     @property
     def done(self) -> bool:
         self._advance()
-        return self.read_all and not self._in_flight
+        return self.read_all and not self._checkpoints
 
     def _advance(self) -> None:
-        """Move over the leading records Kafka has acknowledged: when asked, not per delivery."""
-        in_flight = self._in_flight
-        is_acknowledged = self._deliveries.is_acknowledged
-        while in_flight and is_acknowledged(in_flight[0][1]):
-            # Positions never decrease along in_flight and start at or after the acknowledged one (add).
-            self._acknowledged, _, table = in_flight.popleft()
-            if table is not None:
-                self._published[table] += 1
+        """Move over the checkpoints Kafka has acknowledged: when asked, not per delivery."""
+        checkpoints = self._checkpoints
+        while checkpoints and self._deliveries.covers(checkpoints[0][1]):
+            self._acknowledged, _, sent = checkpoints.popleft()
+            for table, count in sent.items():
+                self._published[table] += count
 
 
 class Agent:
@@ -130,6 +121,8 @@ class Agent:
         self._routes_schema = self.tables.schema
         self._node_id = config.node_id.encode("utf-8")
         self._raw_topic = config.raw_topic
+        # Records sent since the segment being read took its last checkpoint, per table ("errors": dead letters).
+        self._sent: defaultdict[str, int] = defaultdict(int)
         self._stopping = threading.Event()
         self._last_flush = self._last_space_check = 0.0
         self._space_warned = False
@@ -312,66 +305,66 @@ class Agent:
                 progress.read_all = True
             return False
         with reader:
-            stopped = False
             try:
                 version = reader.version
                 for count, entry in enumerate(reader.entries(), 1):
-                    self._publish_entry(progress, version, entry)
+                    if not self._publish_entry(progress, version, entry):
+                        break
                     progress.read_position = entry.position
                     read_any = True
                     if self._stopping.is_set():
-                        stopped = True
                         break
                     if count % HOUSEKEEPING_ENTRIES == 0:
+                        self._checkpoint(progress)
                         self._housekeeping()
+                progress.resume = reader.resume_point
+                # Stopped: a dead letter after the last entry may not have been queued.
+                if not self._stopping.is_set():
+                    progress.read_position = max(progress.read_position, reader.position)
+                    progress.read_all = final
             finally:
                 self.deliveries.seal(self._while_blocked)  # the records held back, so that they report delivery
-            progress.resume = reader.resume_point
-            if not stopped:
-                progress.read_position = max(progress.read_position, reader.position)
-                if final:
-                    progress.read_all = True
+                self._checkpoint(progress)
         return read_any
 
-    def _publish_entry(self, progress: SegmentProgress, version: int, entry: Entry) -> None:
+    def _checkpoint(self, progress: SegmentProgress) -> None:
+        progress.checkpoint(self._sent)
+        self._sent = defaultdict(int)
+
+    def _publish_entry(self, progress: SegmentProgress, version: int, entry: Entry) -> bool:
+        """Send the records of an entry's updates. False if stopped before all were queued: the entry is read
+        again after the restart."""
         try:
             updates = split_partition_updates(entry.body, self.tables.schema, version)
         except UnknownTableError as error:
             if self.tables.lookup(error.table_id) is None:
-                self._skip(progress, entry)
-                return
+                self.metrics.skipped.inc()
+                return True
             updates = split_partition_updates(entry.body, self.tables.schema, version)
         except MutationDecodeError as error:
-            self._dead_letter(progress, Damage(str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION,
-                                               str(error), entry.section_offset, entry.section, entry.start,
-                                               entry.body))
-            return
-        published: list[tuple[_Route, bytes]] = []
+            return self._dead_letter(progress, Damage(str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION,
+                                                      str(error), entry.section_offset, entry.section, entry.start,
+                                                      entry.body))
+        routes = []
         for update in updates:
             route = self._route(update[:16])
             if route is None:
-                self._skip(progress, entry)  # Cassandra drops the whole mutation
-                return
+                self.metrics.skipped.inc()  # Cassandra drops the whole mutation
+                return True
             self.metrics.mutations_read[route.name] += 1
             if route.schema_change:
                 self.tables.schema_changed()
-            if route.published:
-                if not route.schema_published and not self._publish_schema(route):
-                    return  # stopped while publishing a schema: the entry is read again after the restart
-                published.append((route, update))
+            if route.published and not route.schema_published and not self._publish_schema(route):
+                return False
+            routes.append(route)
         segment_id = progress.segment.segment_id
-        sent = []
-        for route, update in published:
-            key, value = encode_update(self._node_id, segment_id, entry.position, version, update)
-            receipt = self.deliveries.send(self._raw_topic, key, value, self._while_blocked)
-            if receipt is None:
-                return  # stopped while Kafka's queue was full: the entry is read again after the restart
-            sent.append((receipt, route.name))
-        progress.add(entry.position, sent)
-
-    def _skip(self, progress: SegmentProgress, entry: Entry) -> None:
-        self.metrics.skipped.inc()
-        progress.add(entry.position, [])
+        for route, update in zip(routes, updates):
+            if route.published:
+                key, value = encode_update(self._node_id, segment_id, entry.position, version, update)
+                if not self.deliveries.send(self._raw_topic, key, value, self._while_blocked):
+                    return False
+                self._sent[route.name] += 1
+        return True
 
     def _route(self, table_id: bytes) -> _Route | None:
         """The table of an update, by its id bytes; None for a table the schema does not know."""
@@ -410,8 +403,9 @@ class Agent:
 
     # --- damage -----------------------------------------------------------------------------------
 
-    def _dead_letter(self, progress: SegmentProgress, damage: Damage) -> None:
-        """A damaged entry or section: to the errors topic and the quarantine directory, then on."""
+    def _dead_letter(self, progress: SegmentProgress, damage: Damage) -> bool:
+        """A damaged entry or section: to the errors topic and the quarantine directory, then on. False if stopped
+        while Kafka's queue was full."""
         self.metrics.errors.labels(damage.kind.name.lower()).inc()
         log.error("%s", damage)
         segment = progress.segment
@@ -424,10 +418,11 @@ class Agent:
         (self.config.quarantine / f"{stem}.json").write_text(json.dumps(report, indent=1))
         if damage.raw:
             (self.config.quarantine / f"{stem}.bin").write_bytes(damage.raw)
-        receipt = self.deliveries.send(self.config.errors_topic, stem.encode(), json.dumps(report).encode(),
-                                       self._while_blocked)
-        if receipt is not None:
-            progress.add(where, [(receipt, "errors")])
+        if not self.deliveries.send(self.config.errors_topic, stem.encode(), json.dumps(report).encode(),
+                                    self._while_blocked):
+            return False
+        self._sent["errors"] += 1
+        return True
 
     # --- housekeeping -----------------------------------------------------------------------------
 

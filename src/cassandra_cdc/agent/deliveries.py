@@ -1,4 +1,4 @@
-"""Which records Kafka has acknowledged, without a delivery report per record.
+"""Which records Kafka has acknowledged, without a delivery report or a receipt per record.
 
 confluent-kafka calls a Python function for each delivery report asked for; that costs about 2 µs a
 record, a fifth of the agent's whole budget per mutation. The producer is idempotent and gapless
@@ -10,6 +10,9 @@ last one of each partition before the agent pauses (``seal``). To know which rec
 last, each partition's newest record is held back until the next one for it arrives or ``seal`` is
 called.
 
+Nor does the agent note anything per record: it takes a ``watermark`` now and then (each partition's
+newest sequence number) and asks later whether Kafka has acknowledged everything up to it.
+
 The agent picks each record's partition itself, as librdkafka's default partitioner does for keyed
 records (CRC32 of the key modulo the partition count), so it knows the partition when producing.
 """
@@ -17,6 +20,7 @@ records (CRC32 of the key modulo the partition count), so it knows the partition
 from __future__ import annotations
 
 import functools
+import operator
 import time
 import zlib
 from typing import Callable
@@ -28,10 +32,9 @@ from .publisher import Publisher
 
 MARKER_INTERVAL = 256
 
-# A record's receipt: (partition slot, sequence number); it is acknowledged once the slot's acknowledged
-# sequence reaches its own.
-Receipt = tuple[int, int]
-NOTHING: Receipt = (-1, 0)  # the receipt of an entry that published no record: acknowledged at once
+# Per partition slot (one per partition of each topic, numbered as topics are first sent to), the sequence
+# number of the newest record sent to it when the watermark was taken; slots added later are not in it.
+Watermark = tuple[int, ...]
 
 _Held = tuple[str, int, bytes, bytes, int]  # topic, partition, key, value, sequence
 
@@ -40,27 +43,27 @@ class Deliveries:
     def __init__(self, publisher: Publisher, latency: LatencyHistogram) -> None:
         self._publisher = publisher
         self._latency = latency
-        # Per partition slot (one per partition of each topic, numbered as topics are first sent to): the highest
-        # sequence Kafka acknowledged, the records produced since its last marker, and its newest record, held
+        # Per partition slot: the highest sequence Kafka acknowledged, the newest sequence sent (records are
+        # numbered 1, 2, ... per slot), the records produced since its last marker, and its newest record, held
         # back until the next one for it comes or ``seal``.
         self.acknowledged: list[int] = []
+        self._newest: list[int] = []
         self._since_marker: list[int] = []
         self._held: list[_Held | None] = []
         self._slots: dict[str, list[int]] = {}  # per topic: the slot of each partition
-        self._sequence = 0
 
-    def send(self, topic: str, key: bytes, value: bytes, should_stop: Callable[[], bool]) -> Receipt | None:
-        """Queue a record. None if asked to stop while Kafka's queue was full: then the record, or the one it
+    def send(self, topic: str, key: bytes, value: bytes, should_stop: Callable[[], bool]) -> bool:
+        """Queue a record. False if asked to stop while Kafka's queue was full: then the record, or the one it
         was to release, may not be queued, and the caller must not count it as published."""
         slots = self._slots.get(topic) or self._add_slots(topic)
         partition = zlib.crc32(key) % len(slots)
         slot = slots[partition]
         held = self._held[slot]
         if held is not None and not self._produce(slot, held, False, should_stop):
-            return None
-        self._sequence = sequence = self._sequence + 1
+            return False
+        self._newest[slot] = sequence = self._newest[slot] + 1
         self._held[slot] = (topic, partition, key, value, sequence)
-        return slot, sequence
+        return True
 
     def seal(self, should_stop: Callable[[], bool]) -> bool:
         """Queue the held records, each reporting its delivery; False if asked to stop meanwhile."""
@@ -71,9 +74,13 @@ class Deliveries:
                 self._held[slot] = None
         return True
 
-    def is_acknowledged(self, receipt: Receipt) -> bool:
-        slot, sequence = receipt
-        return slot < 0 or self.acknowledged[slot] >= sequence
+    def watermark(self) -> Watermark:
+        """Where every record sent so far stands: ``covers`` tells when Kafka has acknowledged them all."""
+        return tuple(self._newest)
+
+    def covers(self, watermark: Watermark) -> bool:
+        """Whether Kafka has acknowledged every record sent before the watermark was taken."""
+        return all(map(operator.ge, self.acknowledged, watermark))
 
     def _produce(self, slot: int, held: _Held, last: bool, should_stop: Callable[[], bool]) -> bool:
         """Produce a held record; a marker (asking for a delivery report) if it is its partition's last before a
@@ -99,6 +106,7 @@ class Deliveries:
         first = len(self.acknowledged)
         count = self._publisher.partition_count(topic)
         self.acknowledged += [0] * count
+        self._newest += [0] * count
         self._since_marker += [0] * count
         self._held += [None] * count
         slots = self._slots[topic] = list(range(first, first + count))

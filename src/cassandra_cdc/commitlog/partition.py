@@ -16,6 +16,7 @@ from .vint import read_unsigned_vint, s64
 
 # Partition flags
 IS_EMPTY = 0x01
+_INT64_LIMIT = 1 << 63
 IS_REVERSED = 0x02
 HAS_PARTITION_DELETION = 0x04
 HAS_STATIC_ROW = 0x08
@@ -182,4 +183,5 @@ def peek_min_timestamp_after_key(update: bytes | memoryview, key_end: int) -> in
     if update[key_end] & IS_EMPTY:
         return None
     timestamp_delta, _ = read_unsigned_vint(update, key_end + 1)
-    return s64(timestamp_delta + TIMESTAMP_EPOCH)
+    timestamp = timestamp_delta + TIMESTAMP_EPOCH
+    return timestamp if timestamp < _INT64_LIMIT else s64(timestamp)  # s64 only when it wraps: 0.1 µs a record

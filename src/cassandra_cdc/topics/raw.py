@@ -21,10 +21,16 @@ goes to the same Kafka partition. Kafka value::
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import uuid
 from dataclasses import dataclass
+
+try:
+    # CPython's own MD5: the same digest as OpenSSL's, without its per-call algorithm lookup (0.13 µs of the
+    # agent's ~7 µs per record).
+    from _md5 import md5
+except ImportError:  # a Python built without it
+    from hashlib import md5
 
 from ..commitlog.partition import peek_min_timestamp_after_key
 from ..commitlog.vint import read_unsigned_vint
@@ -57,7 +63,7 @@ class RawRecord:
 
     @property
     def digest(self) -> bytes:
-        return hashlib.md5(self.update).digest()
+        return md5(self.update).digest()
 
     def encode(self) -> bytes:
         return encode_raw_record(self.node_id.encode("utf-8"), self.segment_id, self.position, self.commitlog_version,
@@ -72,7 +78,7 @@ class RawRecord:
             raise RawRecordError(f"raw record format version {version} is not supported (expected {FORMAT_VERSION})")
         node_end = HEADER_SIZE + node_length
         update = bytes(value[node_end:])
-        if hashlib.md5(update).digest() != digest:
+        if md5(update).digest() != digest:
             raise RawRecordError("raw record digest does not match its partition update bytes")
         return RawRecord(value[HEADER_SIZE:node_end].decode("utf-8"), segment_id, position, cl_version, write_time,
                          update, bool(flags & FLAG_SNAPSHOT))
@@ -84,7 +90,7 @@ def encode_raw_record(node_id: bytes, segment_id: int, position: int, commitlog_
     if len(node_id) > 255:
         raise RawRecordError(f"node id {node_id!r} is longer than 255 bytes")
     header = _HEADER.pack(FORMAT_VERSION, FLAG_SNAPSHOT if snapshot else 0, commitlog_version, len(node_id),
-                          hashlib.md5(update).digest(), segment_id, position, write_time)
+                          md5(update).digest(), segment_id, position, write_time)
     return header + node_id + update
 
 
