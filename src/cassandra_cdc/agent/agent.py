@@ -46,7 +46,7 @@ STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
 UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 SPACE_CHECK_SECONDS = 1.0
 # While a segment is read, the housekeeping (serving Kafka's delivery reports, saving positions every
-# ``state_flush_ms``) runs every this many entries. librdkafka frees a delivered record only when its report is
+# ``state_flush_ms``) and the check for a stop run every this many entries (a few milliseconds). librdkafka frees a delivered record only when its report is
 # served: without it, the queue fills with records Kafka has already acknowledged, and every record produced
 # lands in memory not touched before (page faults and cache misses, 5% of the agent's CPU).
 HOUSEKEEPING_ENTRIES = 1000
@@ -312,9 +312,9 @@ class Agent:
                         break
                     progress.read_position = entry.position
                     read_any = True
-                    if self._stopping.is_set():
-                        break
                     if count % HOUSEKEEPING_ENTRIES == 0:
+                        if self._stopping.is_set():
+                            break
                         self._checkpoint(progress)
                         self._housekeeping()
                 progress.resume = reader.resume_point
