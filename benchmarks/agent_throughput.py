@@ -16,6 +16,10 @@ Targets (from the issue): 100,000 mutations/s on one core; p99 latency under 200
     python benchmarks/agent_throughput.py                      # both, prints the figures
     python benchmarks/agent_throughput.py --mutations 500000 --results benchmarks/RESULTS.md
     python benchmarks/agent_throughput.py --profile            # also cProfile the agent (in-process)
+
+This machine's speed moves by up to ~40% over a day (other tenants). Each throughput run is therefore preceded
+by a fixed pure-Python reference loop, reported with it: a slow run beside a slow reference says the machine, not
+the code, was slow. ``--runs`` repeats the throughput run on copies of the same segments.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -191,18 +196,47 @@ class Throughput:
     wall: float
     cpu: float
     threads: dict[str, float]  # CPU seconds per thread (name)
+    reference_ns: float  # the machine's speed just before: ns per iteration of ``reference_loop``
+
+    @property
+    def per_core(self) -> float:
+        return self.mutations / self.cpu
 
     def report(self) -> list[tuple[str, str]]:
         return [("mutations", f"{self.mutations:,}"), ("segment data", f"{self.logical_bytes / MB:.1f} MB"),
                 ("wall time", f"{self.wall:.2f} s"), ("agent CPU time", f"{self.cpu:.2f} s"),
                 ("mutations/s (wall)", f"{self.mutations / self.wall:,.0f}"),
-                ("mutations/s per core (CPU)", f"{self.mutations / self.cpu:,.0f}"),
+                ("mutations/s per core (CPU)", f"{self.per_core:,.0f}"),
                 ("MB/s (wall)", f"{self.logical_bytes / MB / self.wall:.1f}"),
                 ("MB/s per core (CPU)", f"{self.logical_bytes / MB / self.cpu:.1f}"),
-                ("CPU by thread", ", ".join(f"{name} {used:.2f} s" for name, used in self.threads.items()))]
+                ("CPU by thread", ", ".join(f"{name} {used:.2f} s" for name, used in self.threads.items())),
+                ("machine reference loop", f"{self.reference_ns:.0f} ns per iteration")]
+
+
+def reference_loop(iterations: int = 300_000) -> float:
+    """ns per iteration of a fixed pure-Python loop of the agent's kind of work (slices, struct, CRC, a dict, a
+    call): the machine's speed at the moment, best of three."""
+    data = bytes(range(256)) * 2
+    header = struct.Struct(">iI")
+    counts: dict[int, int] = {}
+
+    def step(i: int) -> int:
+        size, _ = header.unpack_from(data, i & 255)
+        counts[size & 7] = counts.get(size & 7, 0) + 1
+        return zlib.crc32(data[i & 255:(i & 255) + 64]) ^ size
+
+    best = float("inf")
+    for _ in range(3):
+        started = time.perf_counter()
+        for i in range(iterations):
+            step(i)
+        best = min(best, time.perf_counter() - started)
+    return best / iterations * 1e9
 
 
 def measure_throughput(broker: EmbeddedBroker, segments: Segments, work: Path, schema: Path) -> Throughput:
+    """One run: the segments are moved into the agent's cdc_raw (``segments.directory`` is left empty)."""
+    reference_ns = reference_loop()
     server = f"tp{uuid.uuid4().hex[:8]}"
     cdc_raw = work / f"{server}-cdc_raw"
     cdc_raw.mkdir()
@@ -224,7 +258,8 @@ def measure_throughput(broker: EmbeddedBroker, segments: Segments, work: Path, s
     if published != segments.mutations:
         raise RuntimeError(f"{published} records on the raw topic, {segments.mutations} mutations written")
     return Throughput(segments.mutations, segments.logical_bytes, wall, cpu,
-                      {name: used for name, used in sorted(threads.items(), key=lambda t: -t[1]) if used >= 0.01})
+                      {name: used for name, used in sorted(threads.items(), key=lambda t: -t[1]) if used >= 0.01},
+                      reference_ns)
 
 
 def profile_agent(broker: EmbeddedBroker, segments: Segments, work: Path, schema: Path, top: int = 25) -> str:
@@ -338,8 +373,9 @@ def measure_latency(broker: EmbeddedBroker, work: Path, schema: Path, rate: int,
 
 # --- results --------------------------------------------------------------------------------------
 
-def results_section(args: argparse.Namespace, sizes: list[int], throughput: Throughput, latency: Latency | None,
+def results_section(args: argparse.Namespace, sizes: list[int], runs: list[Throughput], latency: Latency | None,
                     notes: str) -> str:
+    throughput = median_run(runs)
     compression = f" --compression {args.compression}" if args.compression else ""
     command = (f"python benchmarks/agent_throughput.py --mutations {args.mutations} "
                f"--segment-size {args.segment_size}{compression}")
@@ -354,6 +390,9 @@ def results_section(args: argparse.Namespace, sizes: list[int], throughput: Thro
               f"(target {THROUGHPUT_TARGET:,} mutations/s on one core):"), "",
              "| figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in throughput.report()]
+    if len(runs) > 1:
+        lines += ["", f"The median of {len(runs)} runs; each run's mutations/s per core (reference loop): "
+                  + ", ".join(f"{run.per_core:,.0f} ({run.reference_ns:.0f} ns)" for run in runs) + "."]
     if latency is not None:
         lines += ["", ("**(b) Latency**, idx rewritten → record visible to a consumer "
                        f"(target p99 < {LATENCY_P99_TARGET * 1000:.0f} ms):"), "",
@@ -362,6 +401,10 @@ def results_section(args: argparse.Namespace, sizes: list[int], throughput: Thro
     if notes:
         lines += ["", notes.strip()]
     return "\n".join(lines) + "\n"
+
+
+def median_run(runs: list[Throughput]) -> Throughput:
+    return sorted(runs, key=lambda run: run.per_core)[len(runs) // 2]
 
 
 def write_results(path: Path, section: str) -> None:
@@ -386,6 +429,8 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5_000, help="latency run: mutations/s written")
     parser.add_argument("--sync-ms", type=float, default=20.0, help="latency run: sync (idx rewrite) period")
     parser.add_argument("--seconds", type=float, default=15.0, help="latency run: duration")
+    parser.add_argument("--runs", type=int, default=3, help="throughput runs on copies of the same segments "
+                                                             "(the median is reported)")
     parser.add_argument("--skip-latency", action="store_true", help="only measure throughput")
     parser.add_argument("--profile", action="store_true", help="also cProfile the agent on the same segments")
     parser.add_argument("--results", type=Path, default=None, help="write the figures to this markdown file "
@@ -401,18 +446,21 @@ def main() -> None:
         started = time.monotonic()
         mutations = typical_mutations(args.mutations)
         segments = write_segments(work / "node", mutations, args.segment_size, args.compression)
-        profile_copy = None
-        if args.profile:
-            profile_copy = work / "profile-node"
-            shutil.copytree(segments.directory, profile_copy)
         del mutations
         sizes = segments.body_sizes
         print(f"  {time.monotonic() - started:.1f} s; bodies {min(sizes)}-{max(sizes)} bytes "
               f"(mean {statistics.mean(sizes):.0f}), {segments.logical_bytes / MB:.1f} MB of segments", flush=True)
         with EmbeddedBroker(work / "broker") as broker:
-            throughput = measure_throughput(broker, segments, work, schema)
-            print("\n(a) throughput, segment -> acknowledged in Kafka")
-            for name, value in throughput.report():
+            runs = []
+            for run in range(1, args.runs + 1):
+                copy = work / f"run-{run}"
+                shutil.copytree(segments.directory, copy)
+                runs.append(measure_throughput(broker, Segments(copy, segments.mutations, segments.logical_bytes),
+                                               work, schema))
+                print(f"  run {run}: {runs[-1].per_core:,.0f} mutations/s per core (reference loop "
+                      f"{runs[-1].reference_ns:.0f} ns)", flush=True)
+            print(f"\n(a) throughput, segment -> acknowledged in Kafka (median of {len(runs)} runs)")
+            for name, value in median_run(runs).report():
                 print(f"  {name:28} {value}")
             latency = None
             if not args.skip_latency:
@@ -421,11 +469,10 @@ def main() -> None:
                 print("\n(b) latency, idx rewritten -> record visible to a consumer")
                 for name, value in latency.report():
                     print(f"  {name:28} {value}")
-            if profile_copy is not None:
-                print("\n" + profile_agent(broker, Segments(profile_copy, segments.mutations,
-                                                            segments.logical_bytes), work, schema))
+            if args.profile:  # the last use of the generated segments: moved into its cdc_raw
+                print("\n" + profile_agent(broker, segments, work, schema))
         if args.results is not None:
-            write_results(args.results, results_section(args, sizes, throughput, latency, args.notes))
+            write_results(args.results, results_section(args, sizes, runs, latency, args.notes))
             print(f"\nwritten to {args.results}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
