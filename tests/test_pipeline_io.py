@@ -21,8 +21,8 @@ from cassandra_cdc.pipeline.config import ConfigError
 from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.job import balanced_bucket_keys, check_state_layout
 from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog, _TransactionalProducer
-from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, SourceOptions,
-                                           admit)
+from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
+                                           SourceOptions, admit, group_ranges)
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.topics.schemas import SchemaRecord
 from cassandra_cdc.pipeline.spark import ROCKSDB_PROVIDER, WORKER_DAEMON, kafka_format_available
@@ -59,7 +59,8 @@ def read_topic(broker, topic: str, isolation: str = "read_committed") -> list[tu
         consumer.close()
 
 
-def run_available_now(spark, broker, topic: str, checkpoint: Path, max_offsets: int) -> list[list[tuple]]:
+def run_available_now(spark, broker, topic: str, checkpoint: Path, max_offsets: int,
+                      max_partitions: int | None = None) -> list[list[tuple]]:
     """Run ``cdc-kafka`` on ``topic`` until it has read what was there at start; rows per micro-batch."""
     batches: list[list[tuple]] = []
 
@@ -70,6 +71,7 @@ def run_available_now(spark, broker, topic: str, checkpoint: Path, max_offsets: 
              .option("kafka.bootstrap.servers", broker.bootstrap_servers)
              .option("subscribe", topic)
              .option("maxOffsetsPerTrigger", max_offsets)
+             .option("maxPartitions", str(max_partitions or "none"))
              .load()
              .writeStream.foreachBatch(collect)
              .option("checkpointLocation", str(checkpoint))
@@ -118,6 +120,18 @@ def test_admit_spreads_the_limit_and_always_admits_one():
     assert admit({0: 0, 1: 0}, 10) == {0: 0, 1: 0}
 
 
+def test_read_tasks_group_partitions_by_offsets():
+    ranges = [OffsetRange(partition, 0, size) for partition, size in enumerate([100, 10, 60, 50, 5])]
+    assert group_ranges(ranges, None) == [[r] for r in ranges]
+    assert group_ranges(ranges, 5) == [[r] for r in ranges]
+    groups = group_ranges(ranges, 2)
+    assert sorted(r for group in groups for r in group) == sorted(ranges)  # each range once
+    assert sorted(sum(r.end - r.start for r in group) for group in groups) == [110, 115]
+    assert all(group == sorted(group) for group in groups)
+    with pytest.raises(KafkaSourceError, match="maxPartitions"):
+        SourceOptions.parse({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "maxPartitions": "0"})
+
+
 def test_source_reads_every_record_once_in_bounded_batches_and_resumes(spark, broker, tmp_path):
     topic = "source-topic"
     broker.create_topic(topic, 3)
@@ -125,7 +139,7 @@ def test_source_reads_every_record_once_in_bounded_batches_and_resumes(spark, br
     produce(broker, topic, first)
     checkpoint = tmp_path / "checkpoint"
 
-    batches = run_available_now(spark, broker, topic, checkpoint, max_offsets=500)
+    batches = run_available_now(spark, broker, topic, checkpoint, max_offsets=500, max_partitions=2)
     assert [len(rows) for rows in batches] == [500, 500, 500]
     rows = [row for batch in batches for row in batch]
     key, value, topic_name, partition, offset, timestamp, timestamp_type = rows[0]
@@ -192,16 +206,18 @@ def test_source_task_reads_exact_ranges_with_the_consumer_it_keeps(broker):
     reader = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap_servers,
                                                    "subscribe": topic}))
 
-    def read(partition: int, start: int, end: int) -> list[bytes]:
-        batches = reader.read(KafkaInputPartition(topic, partition, start, end))
+    def read(*ranges: tuple[int, int, int]) -> list[bytes]:
+        batches = reader.read(KafkaInputPartition(topic, [OffsetRange(*r) for r in ranges]))
         return [value for batch in batches for value in batch.column("value").to_pylist()]
 
     expected = {partition: [b"v%d" % i for i in range(partition, 400, 2)] for partition in (0, 1)}
-    assert read(0, 0, 50) == expected[0][:50]
-    assert read(1, 100, 200) == expected[1][100:]
-    assert read(0, 150, 202) == expected[0][150:] + [b"in-transaction"]
-    assert read(0, 20, 60) == expected[0][20:60]
-    assert read(1, 0, 10) == expected[1][:10]
+    assert read((0, 0, 50)) == expected[0][:50]
+    assert read((1, 100, 200)) == expected[1][100:]
+    assert read((0, 150, 202)) == expected[0][150:] + [b"in-transaction"]
+    assert read((0, 20, 60)) == expected[0][20:60]
+    assert read((1, 0, 10)) == expected[1][:10]
+    assert read((1, 5, 8), (0, 190, 202), (1, 0, 2)) == expected[1][5:8] + expected[0][190:] + [b"in-transaction"] \
+        + expected[1][:2]  # a task reading several ranges
 
 
 @pytest.mark.xfail(strict=True, reason="noida-db 0.2.3 lists stale aborted transactions in fetch responses")

@@ -36,7 +36,8 @@ def read_raw(spark: SparkSession, config: PipelineConfig) -> DataFrame:
         reader = spark.readStream.format("kafka")
     else:
         spark.dataSource.register(KafkaDataSource)
-        reader = spark.readStream.format(KafkaDataSource.name())
+        read_tasks = kafka.read_tasks or spark.sparkContext.defaultParallelism
+        reader = spark.readStream.format(KafkaDataSource.name()).option("maxPartitions", str(read_tasks))
     reader = (reader.option("kafka.bootstrap.servers", kafka.bootstrap_servers)
               .option("subscribe", config.raw_topic)
               .option("startingOffsets", kafka.starting_offsets)

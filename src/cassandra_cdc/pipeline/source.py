@@ -41,6 +41,10 @@ option                     default         meaning
                                            used only when the checkpoint has no offsets yet
 ``failOnDataLoss``         ``true``        fail when offsets to read are gone (retention, a topic
                                            recreated) instead of skipping to what is left
+``maxPartitions``          ``none``        read tasks per micro-batch at most: Kafka partitions with
+                                           new offsets are grouped into this many tasks, balanced by
+                                           offsets, each reading its partitions one after the other
+                                           (each task costs Spark 0.1-0.3 s whatever it reads)
 ``kafkaConsumer.pollTimeoutMs``  120000    a read task fails after this long without progress
 ``kafka.*``                                any other librdkafka consumer setting, e.g.
                                            ``kafka.security.protocol``
@@ -51,9 +55,10 @@ How it maps to Spark:
 - Offsets are ``{"<partition>": <next offset>}`` (partitions in numeric order, so equal offsets are
   equal JSON) and live only in Spark's checkpoint: nothing is committed to Kafka, a consumer group id
   is never joined.
-- One Spark partition (task) per Kafka partition with new offsets in the micro-batch; the task
-  ``assign``s its Python worker's consumer (kept across micro-batches) at the start offset and reads up
-  to the end offset, emitting Arrow record batches.
+- One Spark partition (task) per Kafka partition with new offsets in the micro-batch, or at most
+  ``maxPartitions`` of them; for each of its Kafka partitions a task ``assign``s its Python worker's
+  consumer (kept across micro-batches) at the start offset and reads up to the end offset, emitting
+  Arrow record batches.
 - ``isolation.level=read_committed`` by default: the latest offset of a partition is its last stable
   offset, so a batch never waits for an open transaction, and aborted records are never emitted.
   Offset ranges are counted in offsets, which include transaction markers and aborted records, so a
@@ -132,6 +137,7 @@ class SourceOptions:
     starting_offsets: str
     fail_on_data_loss: bool
     poll_timeout_ms: int
+    max_partitions: int | None = None
     kafka: dict[str, str] = field(default_factory=dict)  # librdkafka settings, ``kafka.`` prefix removed
 
     @classmethod
@@ -144,14 +150,9 @@ class SourceOptions:
         if not topic or "," in topic:
             raise KafkaSourceError(f"{SOURCE_NAME}: option subscribe must name exactly one topic, "
                                    f"got {topic!r}")
-        limit = lowered.get("maxoffsetspertrigger", str(DEFAULT_MAX_OFFSETS_PER_TRIGGER)).strip().lower()
-        try:
-            max_offsets = None if limit in ("", "none") else int(limit)
-        except ValueError:
-            max_offsets = 0
-        if max_offsets is not None and max_offsets < 1:
-            raise KafkaSourceError(f"{SOURCE_NAME}: maxOffsetsPerTrigger must be a positive integer or none, "
-                                   f"got {limit!r}")
+        max_offsets = _positive_or_none(lowered.get("maxoffsetspertrigger", str(DEFAULT_MAX_OFFSETS_PER_TRIGGER)),
+                                        "maxOffsetsPerTrigger")
+        max_partitions = _positive_or_none(lowered.get("maxpartitions", "none"), "maxPartitions")
         fail_on_data_loss = lowered.get("failondataloss", "true").strip().lower()
         if fail_on_data_loss not in ("true", "false"):
             raise KafkaSourceError(f"{SOURCE_NAME}: failOnDataLoss must be true or false, "
@@ -160,7 +161,7 @@ class SourceOptions:
                    starting_offsets=lowered.get("startingoffsets", "earliest").strip(),
                    fail_on_data_loss=fail_on_data_loss == "true",
                    poll_timeout_ms=int(lowered.get("kafkaconsumer.polltimeoutms", DEFAULT_POLL_TIMEOUT_MS)),
-                   kafka=kafka)
+                   max_partitions=max_partitions, kafka=kafka)
 
     def consumer_config(self, **overrides: Any) -> dict[str, Any]:
         """Settings for a consumer that is only ever ``assign``ed and never commits."""
@@ -173,6 +174,17 @@ class SourceOptions:
         config.update(self.kafka)
         config.update({"enable.auto.commit": False, "enable.auto.offset.store": False}, **overrides)
         return config
+
+
+def _positive_or_none(text: str, option: str) -> int | None:
+    text = text.strip().lower()
+    try:
+        value = None if text in ("", "none") else int(text)
+    except ValueError:
+        value = 0
+    if value is not None and value < 1:
+        raise KafkaSourceError(f"{SOURCE_NAME}: {option} must be a positive integer or none, got {text!r}")
+    return value
 
 
 # --- offsets -----------------------------------------------------------------------------------
@@ -221,18 +233,40 @@ class KafkaDataSource(DataSource):
         return KafkaStreamReader(SourceOptions.parse(self.options))
 
 
-class KafkaInputPartition(InputPartition):
-    """One Kafka partition's offsets ``[start, end)`` in one micro-batch."""
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """A Kafka partition's offsets ``[start, end)`` in one micro-batch."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        super().__init__((partition, start, end))
+    partition: int
+    start: int
+    end: int
+
+
+class KafkaInputPartition(InputPartition):
+    """What one read task reads: offset ranges of Kafka partitions, one after the other."""
+
+    def __init__(self, topic: str, ranges: list[OffsetRange]) -> None:
+        super().__init__([(r.partition, r.start, r.end) for r in ranges])
         self.topic = topic
-        self.partition = partition
-        self.start = start
-        self.end = end
+        self.ranges = ranges
 
     def __repr__(self) -> str:
-        return f"KafkaInputPartition({self.topic}[{self.partition}] {self.start}..{self.end})"
+        return f"KafkaInputPartition({self.topic} " + ", ".join(
+            f"[{r.partition}] {r.start}..{r.end}" for r in self.ranges) + ")"
+
+
+def group_ranges(ranges: list[OffsetRange], groups: int | None) -> list[list[OffsetRange]]:
+    """The ranges in at most ``groups`` groups of about equal offsets (the largest range first into the
+    smallest group); one group per range when ``groups`` is None or not fewer than the ranges."""
+    if groups is None or len(ranges) <= groups:
+        return [[r] for r in ranges]
+    grouped: list[list[OffsetRange]] = [[] for _ in range(groups)]
+    sizes = [0] * groups
+    for r in sorted(ranges, key=lambda r: (r.start - r.end, r.partition)):
+        smallest = sizes.index(min(sizes))
+        grouped[smallest].append(r)
+        sizes[smallest] += r.end - r.start
+    return [sorted(group) for group in grouped]
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -314,8 +348,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[KafkaInputPartition]:
         begin, finish = offsets_from_json(start), offsets_from_json(end)
-        return [KafkaInputPartition(self.options.topic, partition, begin.get(partition, 0), stop)
-                for partition, stop in sorted(finish.items()) if stop > begin.get(partition, 0)]
+        ranges = [OffsetRange(partition, begin.get(partition, 0), stop)
+                  for partition, stop in sorted(finish.items()) if stop > begin.get(partition, 0)]
+        return [KafkaInputPartition(self.options.topic, group)
+                for group in group_ranges(ranges, self.options.max_partitions)]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: Spark's checkpoint is the only record of what was read."""
@@ -361,11 +397,13 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         consumer = _task_consumer(self.options)
+        topic = partition.topic
         try:
-            consumer.assign([TopicPartition(partition.topic, partition.partition, partition.start)])
-            chunks = consume_range(consumer, partition.topic, partition.partition, partition.start,
-                                   partition.end, self.options.poll_timeout_ms / 1000)
-            yield from _arrow_batches(chunks, partition.topic, partition.partition)
+            for offsets in partition.ranges:
+                consumer.assign([TopicPartition(topic, offsets.partition, offsets.start)])
+                chunks = consume_range(consumer, topic, offsets.partition, offsets.start, offsets.end,
+                                       self.options.poll_timeout_ms / 1000)
+                yield from _arrow_batches(chunks, topic, offsets.partition)
             consumer.unassign()  # no fetching for this task once it is done
         except BaseException as error:
             _drop_task_consumer(self.options)
@@ -458,5 +496,5 @@ def _arrow_batches(chunks: Iterator[list[Message]], topic: str, partition: int) 
         ], schema=ARROW_SCHEMA)
 
 
-__all__ = ["DataLossError", "KafkaDataSource", "KafkaSourceError", "SCHEMA", "SOURCE_NAME", "SourceOptions",
-           "admit", "consume_range"]
+__all__ = ["DataLossError", "KafkaDataSource", "KafkaInputPartition", "KafkaSourceError", "OffsetRange", "SCHEMA",
+           "SOURCE_NAME", "SourceOptions", "admit", "consume_range", "group_ranges"]
