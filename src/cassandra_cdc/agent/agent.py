@@ -45,20 +45,21 @@ STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
 # Errors that mean Kafka cannot be reached (yet): wait for it, as while publishing.
 UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 SPACE_CHECK_SECONDS = 1.0
-# While a segment is read, the housekeeping (serving Kafka's delivery reports, saving positions every
-# ``state_flush_ms``) and the check for a stop run every this many entries (a few milliseconds). librdkafka frees a delivered record only when its report is
-# served: without it, the queue fills with records Kafka has already acknowledged, and every record produced
-# lands in memory not touched before (page faults and cache misses, 5% of the agent's CPU).
+# While a segment is read, every this many entries (a few milliseconds): a checkpoint, the housekeeping (serving
+# Kafka's delivery reports, saving positions every ``state_flush_ms``) and the check for a stop. librdkafka frees
+# a delivered record only when its report is served: without it, the queue fills with records Kafka has already
+# acknowledged, and every record produced lands in memory not touched before (page faults and cache misses, 5% of
+# the agent's CPU).
 HOUSEKEEPING_ENTRIES = 1000
 
 
 class SegmentProgress:
     """How far one segment is read and how far Kafka has acknowledged it.
 
-    Between the two lie checkpoints, oldest first: ``(position, watermark, published)``, taken as reading goes
+    Between the two lie checkpoints, oldest first: ``(position, watermark, sent)``, taken as reading goes
     (``checkpoint``). Once Kafka has acknowledged everything up to a checkpoint's watermark, the segment is
-    acknowledged up to its position, and the records sent before it (``published``: how many per table) count
-    as published.
+    acknowledged up to its position, and the records sent since the checkpoint before (``sent``: how many per
+    table) count as published.
     """
 
     def __init__(self, segment: CdcSegment, acknowledged: int, deliveries: Deliveries,
