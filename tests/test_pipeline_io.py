@@ -25,7 +25,8 @@ from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError
                                            SourceOptions, admit, group_ranges)
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.topics.schemas import SchemaRecord
-from cassandra_cdc.pipeline.spark import ROCKSDB_PROVIDER, WORKER_DAEMON, kafka_format_available
+from cassandra_cdc.pipeline.spark import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
+                                         kafka_format_available)
 
 
 def produce(broker, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
@@ -89,6 +90,7 @@ def test_session_settings(spark):
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
     assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == WORKER_DAEMON
+    assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == FILE_SYSTEM_CHECKPOINT_FILES
     # No connector jar on this platform (platform-notes.md); the answer must not raise either way.
     assert kafka_format_available(spark) is False
 

@@ -10,6 +10,11 @@
   every few batches: without it, every micro-batch copies, zips and syncs a snapshot of each state
   store (0.5-0.7 s a batch measured, most of a small batch's time). Spark switches an existing
   checkpoint over on its own.
+- With a local master, checkpoint files are written through Hadoop's ``FileSystem`` API, not
+  ``FileContext``: without Hadoop's native library (pip's PySpark has none), every ``FileContext``
+  rename starts ``readlink`` processes. Measured per micro-batch: the RocksDB changelog commit 214 → 1 ms,
+  the offset log 82 → 30 ms, the commit log 120 → 35 ms. On the local file system both rename
+  atomically.
 - Python workers fork from ``cassandra_cdc.pipeline.daemon``, which has pandas, pyarrow and the
   pipeline imported already (see that module).
 - Local masters bind to loopback. No UI, warnings-only logs, Arrow for pandas conversions, UTC session
@@ -26,6 +31,8 @@ from pyspark.sql import SparkSession
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_SOURCE_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+FILE_SYSTEM_CHECKPOINT_FILES = \
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 WORKER_DAEMON = "cassandra_cdc.pipeline.daemon"
 
 
@@ -38,9 +45,6 @@ def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shu
     """
     for variable in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
         os.environ.setdefault(variable, sys.executable)
-    if master.startswith("local"):
-        # Everything is on this host: no warning that the hostname resolves to a loopback address.
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     conf: dict[str, Any] = {
         "spark.sql.shuffle.partitions": shuffle_partitions,
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
@@ -51,6 +55,10 @@ def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shu
         "spark.sql.session.timeZone": "UTC",
         "spark.python.daemon.module": WORKER_DAEMON,
     }
+    if master.startswith("local"):
+        # Everything is on this host: no warning that the hostname resolves to a loopback address.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINT_FILES
     conf.update(extra_conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
