@@ -168,8 +168,7 @@ def _transitions(state: PartitionState, view: TableView, before: _Snapshot, afte
         return []
     assert state.key is not None
     key_values = view.partition_key_values(state.key)
-    return [RowChange(c, view.decode_row(key_values, c, raw_before.get(c)),
-                      view.decode_row(key_values, c, raw_after.get(c)))
+    return [RowChange(c, *view.decode_change(key_values, c, raw_before.get(c), raw_after.get(c)))
             for c in sorted(changed, key=view.clustering_sort_key)]
 
 

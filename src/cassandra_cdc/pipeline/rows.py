@@ -14,7 +14,7 @@ with null clustering and regular columns: it is keyed by the empty clustering ``
 from __future__ import annotations
 
 import struct
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..schema.model import ColumnMetadata, TableMetadata
 from ..schema.types import CqlType
@@ -31,6 +31,8 @@ _EMPTY_IS_A_VALUE = frozenset({"text", "varchar", "ascii", "blob"})
 RawValues = tuple[Any, ...]
 # The raw form of a visible row: (regular values or None for the static-only row, static values).
 RawRow = tuple[RawValues | None, RawValues]
+# A raw value (never None) to the value the driver decodes.
+Decoder = Callable[[Any], Any]
 
 
 class TableView:
@@ -46,9 +48,16 @@ class TableView:
         self.current = {c.name: c for c in table.regular_and_static}
         self.dropped = {c.name: c.dropped_time for c in table.dropped if c.dropped_time is not None}
         self.output_names = [c.name for c in table.columns if c.name not in hidden]
-        self._hidden = hidden
-        self._path_keys = {c.name: value_sort_key(c.type.path_type) for c in table.regular_and_static
-                           if c.is_complex}
+        # How each shown column is decoded, in output order (partition key, clustering, regular then
+        # static columns: ``table.columns``), with where its raw value is.
+        self._key_decoders = tuple((c.name, value_decoder(c.type)) for c in table.partition_key)
+        self._clustering_decoders = tuple((c.name, c.position, value_decoder(c.type)) for c in table.clustering
+                                          if c.name not in hidden)
+        self._regular_decoders = tuple((c.name, index, column_decoder(c)) for index, c in enumerate(self.regulars)
+                                       if c.name not in hidden)
+        self._static_decoders = tuple((c.name, index, column_decoder(c)) for index, c in enumerate(self.statics)
+                                      if c.name not in hidden)
+        self._no_values: RawValues = (None,) * len(self.regulars)
         try:
             self.gc_grace = int(table.options.get("gc_grace_seconds", DEFAULT_GC_GRACE_SECONDS))
         except ValueError:
@@ -136,9 +145,8 @@ class TableView:
     # --- decoded rows -----------------------------------------------------------------------------
 
     def partition_key_values(self, key: bytes) -> dict[str, Any]:
-        table = self.table
-        values = table.split_partition_key(key)
-        return {c.name: decode_value(c.type, v) for c, v in zip(table.partition_key, values)}
+        values = self.table.split_partition_key(key)
+        return {name: decode(value) for (name, decode), value in zip(self._key_decoders, values)}
 
     def decode_row(self, key_values: dict[str, Any], clustering: Clustering,
                    raw: RawRow | None) -> dict[str, Any] | None:
@@ -146,36 +154,53 @@ class TableView:
             return None
         values, static_values = raw
         row = dict(key_values)
-        hidden = self._hidden
-        for column in self.table.clustering:
-            if column.name not in hidden:
-                value = clustering[column.position] if clustering else None
-                row[column.name] = None if value is None else decode_value(column.type, value)
-        if values is None:
-            values = (None,) * len(self.regulars)
-        for column, value in zip(self.regulars, values):
-            if column.name not in hidden:
-                row[column.name] = self._decode_column(column, value)
-        for column, value in zip(self.statics, static_values):
-            if column.name not in hidden:
-                row[column.name] = self._decode_column(column, value)
-        return {name: row.get(name) for name in self.output_names}
+        for name, position, decode in self._clustering_decoders:
+            value = clustering[position] if clustering else None
+            row[name] = None if value is None else decode(value)
+        _decode_into(row, self._regular_decoders, self._no_values if values is None else values)
+        _decode_into(row, self._static_decoders, static_values)
+        return row
 
-    def _decode_column(self, column: ColumnMetadata, raw: Any) -> Any:
-        if raw is None:
-            return None
-        if column.type.is_counter:
-            return raw
-        if column.is_complex:
-            return decode_elements(column.type, sorted(raw, key=lambda e: self._path_keys[column.name](e[0])))
-        return decode_value(column.type, raw)
+    def decode_change(self, key_values: dict[str, Any], clustering: Clustering, before: RawRow | None,
+                      after: RawRow | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """``decode_row`` of a row before and after a change: the values the change left alone are decoded
+        once (most of a row's, as an update writes a few columns)."""
+        decoded_before = self.decode_row(key_values, clustering, before)
+        if decoded_before is None or after is None:
+            return decoded_before, self.decode_row(key_values, clustering, after)
+        decoded_after = dict(decoded_before)
+        _decode_into(decoded_after, self._regular_decoders, self._no_values if after[0] is None else after[0],
+                     self._no_values if before[0] is None else before[0])
+        _decode_into(decoded_after, self._static_decoders, after[1], before[1])
+        return decoded_before, decoded_after
 
 
-def decode_value(cql_type: CqlType, data: bytes) -> Any:
+def _decode_into(row: dict[str, Any], decoders: tuple[tuple[str, int, Decoder], ...], values: RawValues,
+                 unchanged_from: RawValues | None = None) -> None:
+    """Set the decoded ``values`` in ``row``; with ``unchanged_from``, only those that differ from it."""
+    for name, index, decode in decoders:
+        value = values[index]
+        if unchanged_from is not None and (value is unchanged_from[index] or value == unchanged_from[index]):
+            continue
+        row[name] = None if value is None else decode(value)
+
+
+def value_decoder(cql_type: CqlType) -> Decoder:
     """A stored value as the driver decodes it; an empty value of a type where it means nothing is None."""
-    if not data and cql_type.kind not in _EMPTY_IS_A_VALUE:
-        return None
-    return cql_type.deserialize(data)
+    deserialize = cql_type.deserialize
+    if cql_type.kind in _EMPTY_IS_A_VALUE:
+        return deserialize
+    return lambda data: deserialize(data) if data else None
+
+
+def column_decoder(column: ColumnMetadata) -> Decoder:
+    """How a regular or static column's raw value (see ``TableView._values``) is decoded."""
+    if column.type.is_counter:
+        return lambda total: total
+    if column.is_complex:
+        path_key = value_sort_key(column.type.path_type)
+        return lambda elements: decode_elements(column.type, sorted(elements, key=lambda e: path_key(e[0])))
+    return value_decoder(column.type)
 
 
 def decode_elements(cql_type: CqlType, elements: Sequence[tuple[bytes, bytes]]) -> Any:
@@ -214,5 +239,5 @@ def table_view(table: TableMetadata) -> TableView:
     return view
 
 
-__all__ = ["NO_TIMESTAMP", "STATIC_CLUSTERING", "RawRow", "TableView", "decode_elements", "decode_value",
+__all__ = ["NO_TIMESTAMP", "STATIC_CLUSTERING", "RawRow", "TableView", "decode_elements",
            "table_view"]
