@@ -11,8 +11,7 @@ import io
 import json
 import struct
 import urllib.request
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Callable, Literal, NamedTuple
 
 import fastavro
 
@@ -24,6 +23,7 @@ SOURCE_VERSION = "1"
 
 Format = Literal["json", "avro"]
 Op = Literal["c", "u", "d", "r"]
+Converter = Callable[[Any], Any]
 
 _SOURCE_FIELDS: list[tuple[str, str, str, bool]] = [
     # name, Connect type, Avro type, optional
@@ -41,9 +41,11 @@ _SOURCE_FIELDS: list[tuple[str, str, str, bool]] = [
 ]
 
 
-@dataclass(frozen=True)
-class Source:
-    """Where a change came from: the node, segment and position of the raw record that caused it."""
+class Source(NamedTuple):
+    """Where a change came from: the node, segment and position of the raw record that caused it.
+
+    A named tuple: the processor makes one per record, and a frozen dataclass costs several times more.
+    """
 
     name: str
     cluster: str
@@ -77,6 +79,8 @@ class EventEncoder:
         self._name = f"{server}.{table.keyspace}.{table.name}"
         self._key_columns = [(c.name, FieldMapping(c.type)) for c in table.primary_key]
         self._value_columns = [(c.name, FieldMapping(c.type)) for c in table.columns]
+        self._key_fields = self._fields(self._key_columns)
+        self._value_fields = self._fields(self._value_columns)
         if fmt == "json":
             key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False, key=True)
             row = self._connect_struct(f"{self._name}.Value", self._value_columns, optional=True)
@@ -108,15 +112,15 @@ class EventEncoder:
     # --- public -----------------------------------------------------------------------------------
 
     def key(self, row: dict[str, Any]) -> bytes:
-        payload = self._row(row, self._key_columns)
+        payload = self._row(row, self._key_fields)
         if self.format == "json":
             return self._key_document.encode(payload)
         return self._avro(self._avro_key, payload, f"{self.topic}-key")
 
     def value(self, before: dict[str, Any] | None, after: dict[str, Any] | None, op: Op, source: Source,
               ts_ms: int) -> bytes:
-        payload = {"before": None if before is None else self._row(before, self._value_columns),
-                   "after": None if after is None else self._row(after, self._value_columns),
+        payload = {"before": None if before is None else self._row(before, self._value_fields),
+                   "after": None if after is None else self._row(after, self._value_fields),
                    "source": source.as_dict(), "op": op, "ts_ms": ts_ms}
         if self.format == "json":
             return self._value_document.encode(payload)
@@ -124,9 +128,19 @@ class EventEncoder:
 
     # --- helpers ----------------------------------------------------------------------------------
 
-    def _row(self, row: dict[str, Any], columns: list[tuple[str, FieldMapping]]) -> dict[str, Any]:
-        convert = "to_connect" if self.format == "json" else "to_avro"
-        return {name: getattr(mapping, convert)(row.get(name)) for name, mapping in columns}
+    def _fields(self, columns: list[tuple[str, FieldMapping]]) -> list[tuple[str, Converter | None]]:
+        """Each column's name and how its values (not None) convert to the format, None if they do not."""
+        if self.format == "json":
+            return [(name, mapping.connect_converter) for name, mapping in columns]
+        return [(name, mapping.to_avro) for name, mapping in columns]
+
+    @staticmethod
+    def _row(row: dict[str, Any], fields: list[tuple[str, Converter | None]]) -> dict[str, Any]:
+        converted = {}
+        for name, convert in fields:
+            value = row.get(name)
+            converted[name] = value if convert is None or value is None else convert(value)
+        return converted
 
     @staticmethod
     def _connect_struct(name: str, columns: list[tuple[str, FieldMapping]], optional: bool,
@@ -193,5 +207,9 @@ def _avro_namespace(name: str) -> str:
                     ("".join(c if c.isalnum() or c == "_" else "_" for c in p) for p in name.split(".")))
 
 
+# ``json.dumps`` with options builds an encoder per call: a third of the cost of encoding an event's payload.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _json(document: Any) -> bytes:
-    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    return _JSON_ENCODER.encode(document).encode()

@@ -11,6 +11,7 @@ import base64
 import datetime
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable
 
 from ..schema.types import CqlType
@@ -104,6 +105,17 @@ class FieldMapping:
     def to_connect(self, value: Any) -> Any:
         """The value as the JSON converter writes it (bytes as base64 text)."""
         return _convert(self.cql_type, value, bytes_as_base64=True, map_as_object=True)
+
+    @cached_property
+    def connect_converter(self) -> Callable[[Any], Any] | None:
+        """``to_connect`` of a value that is not None, its dispatch done once: None when that is the value
+        itself (numbers, text, booleans), which is most columns of most events."""
+        kind = self.cql_type.kind
+        if kind == "blob":
+            return lambda value: base64.b64encode(bytes(value)).decode()
+        if kind in _SIMPLE and kind != "empty":
+            return _SIMPLE_VALUES.get(kind)
+        return self.to_connect
 
     # --- Avro -----------------------------------------------------------------------------------
 
