@@ -165,7 +165,8 @@ class ChangeProcessor(StatefulProcessor):
             out.error(self.settings.errors_topic, record_key, value, str(error))
             return
         state = partitions.get(record_key)
-        if state is not None and state.seen(record.digest):
+        digest = record.digest
+        if state is not None and state.seen(digest):
             return  # another replica's copy of an update already merged
         table_version = self._decode(record)
         if isinstance(table_version, str):
@@ -174,7 +175,7 @@ class ChangeProcessor(StatefulProcessor):
         table, version, update = table_version
         if state is None:
             state = partitions.add(record_key)
-        changes = apply_update(state, update, table, now_ms // 1000, record.digest)
+        changes = apply_update(state, update, table, now_ms // 1000, digest)
         source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name, record.write_time,
                         record.snapshot, record.node_id, record.segment_id, record.position)
         self._emit(table, version, changes, source, record.snapshot, now_ms, out)
@@ -186,15 +187,16 @@ class ChangeProcessor(StatefulProcessor):
         agents publish a definition before the records that need it): read it again, once per table and
         batch, so that a run of records no definition will explain costs no more than one read.
         """
-        reason = f"no schema for table id {record.table_id} on the schema topic {self.settings.schema_topic}"
+        table_id = record.table_id
+        reason = None
         for attempt in range(2):
             if attempt:
-                if record.table_id in self._refreshed_for:
+                if table_id in self._refreshed_for:
                     break
-                self._refreshed_for.add(record.table_id)
+                self._refreshed_for.add(table_id)
                 if not self.catalog.refresh():
                     break
-            found = self.catalog.table(record.table_id, refresh=False)
+            found = self.catalog.table(table_id, refresh=False)
             if found is None:
                 continue
             try:
@@ -203,7 +205,7 @@ class ChangeProcessor(StatefulProcessor):
                 return found[0], found[1], update
             except (MutationDecodeError, EndOfData, ValueError, IndexError, KeyError) as error:
                 reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
-        return reason
+        return reason or f"no schema for table id {table_id} on the schema topic {self.settings.schema_topic}"
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
               now_ms: int, out: "_Output") -> None:
