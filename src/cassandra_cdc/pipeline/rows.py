@@ -17,7 +17,7 @@ import struct
 from typing import Any, Callable, Sequence
 
 from ..schema.model import ColumnMetadata, TableMetadata
-from ..schema.types import CqlType
+from ..schema.types import PROTOCOL_VERSION, CqlType
 from .clustering import Clustering, ClusteringComparator, value_sort_key
 from .state import (NO_TIMESTAMP, PartitionState, RowState, cell_is_live, counter_value, deleted_at,
                     liveness_is_live)
@@ -31,6 +31,8 @@ _EMPTY_IS_A_VALUE = frozenset({"text", "varchar", "ascii", "blob"})
 RawValues = tuple[Any, ...]
 # The raw form of a visible row: (regular values or None for the static-only row, static values).
 RawRow = tuple[RawValues | None, RawValues]
+# Where a column's data is in a ``RowState``: ``cells``, ``complex`` or ``counters``.
+_CELL, _COMPLEX, _COUNTER = range(3)
 # A raw value (never None) to the value the driver decodes.
 Decoder = Callable[[Any], Any]
 
@@ -48,6 +50,8 @@ class TableView:
         self.current = {c.name: c for c in table.regular_and_static}
         self.dropped = {c.name: c.dropped_time for c in table.dropped if c.dropped_time is not None}
         self.output_names = [c.name for c in table.columns if c.name not in hidden]
+        self._regular_layout = self._layout(self.regulars)
+        self._static_layout = self._layout(self.statics)
         # How each shown column is decoded, in output order (partition key, clustering, regular then
         # static columns: ``table.columns``), with where its raw value is.
         self._key_decoders = tuple((c.name, value_decoder(c.type)) for c in table.partition_key)
@@ -89,11 +93,11 @@ class TableView:
         if row is None:
             return None
         deleted = self.row_deletion(state, clustering, row)
-        return self._values(row, self.regulars, deleted, now, require_live=True)
+        return self._values(row, self._regular_layout, deleted, now, require_live=True)
 
     def row_is_live(self, state: PartitionState, clustering: Clustering, row: RowState, now: int) -> bool:
         deleted = self.row_deletion(state, clustering, row)
-        return self._values(row, self.regulars, deleted, now, require_live=True) is not None
+        return self._values(row, self._regular_layout, deleted, now, require_live=True) is not None
 
     def static_values(self, state: PartitionState, now: int) -> tuple[bool, RawValues]:
         """Whether the static row is live, and the raw values of the static columns."""
@@ -103,23 +107,29 @@ class TableView:
         deleted = deleted_at(state.deletion)
         if static.deletion is not None:
             deleted = max(deleted, static.deletion[0])
-        values = self._values(static, self.statics, deleted, now, require_live=False)
+        values = self._values(static, self._static_layout, deleted, now, require_live=False)
         assert values is not None
         live = liveness_is_live(static.liveness, deleted, now) or any(v is not None for v in values)
         return live, values
 
-    def _values(self, row: RowState, columns: Sequence[ColumnMetadata], deleted: int, now: int,
+    def _layout(self, columns: Sequence[ColumnMetadata]) -> tuple[tuple[str, int, int], ...]:
+        """Per column: its name, which part of a ``RowState`` keeps its data, and the timestamp at or before
+        which that data is deleted anyway (when the column was dropped)."""
+        return tuple((c.name, _COMPLEX if c.is_complex else _COUNTER if c.type.is_counter else _CELL,
+                      self.dropped.get(c.name, NO_TIMESTAMP)) for c in columns)
+
+    def _values(self, row: RowState, layout: tuple[tuple[str, int, int], ...], deleted: int, now: int,
                 require_live: bool) -> RawValues | None:
         live = liveness_is_live(row.liveness, deleted, now)
         values: list[Any] = []
-        dropped = self.dropped
-        for column in columns:
-            name = column.name
-            cutoff = deleted
-            if dropped and name in dropped:
-                cutoff = max(cutoff, dropped[name])  # type: ignore[type-var]
+        for name, part, dropped in layout:
+            cutoff = dropped if dropped > deleted else deleted
             value: Any = None
-            if column.is_complex:
+            if part == _CELL:
+                cell = row.cells.get(name)
+                if cell is not None and cell_is_live(cell, cutoff, now):
+                    value = cell[3]
+            elif part == _COMPLEX:
                 entry = row.complex.get(name)
                 if entry is not None:
                     if entry[0] is not None and entry[0][0] > cutoff:
@@ -127,14 +137,10 @@ class TableView:
                     elements = tuple(sorted((path, cell[3]) for path, cell in entry[1].items()
                                             if cell_is_live(cell, cutoff, now)))
                     value = elements or None
-            elif column.type.is_counter:
+            else:
                 counter = row.counters.get(name)
                 if counter is not None:
                     value = counter_value(counter, cutoff)
-            else:
-                cell = row.cells.get(name)
-                if cell is not None and cell_is_live(cell, cutoff, now):
-                    value = cell[3]
             if value is not None:
                 live = True
             values.append(value)
@@ -186,11 +192,16 @@ def _decode_into(row: dict[str, Any], decoders: tuple[tuple[str, int, Decoder], 
 
 
 def value_decoder(cql_type: CqlType) -> Decoder:
-    """A stored value as the driver decodes it; an empty value of a type where it means nothing is None."""
-    deserialize = cql_type.deserialize
+    """A stored value as the driver decodes it; an empty value of a type where it means nothing is None.
+
+    ``CqlType.deserialize`` without its checks per call (half the cost): stored values are bytes already.
+    """
+    if cql_type.kind == "empty":
+        return lambda data: None
+    deserialize = cql_type.driver_type.deserialize
     if cql_type.kind in _EMPTY_IS_A_VALUE:
-        return deserialize
-    return lambda data: deserialize(data) if data else None
+        return lambda data: deserialize(data, PROTOCOL_VERSION)
+    return lambda data: deserialize(data, PROTOCOL_VERSION) if data else None
 
 
 def column_decoder(column: ColumnMetadata) -> Decoder:

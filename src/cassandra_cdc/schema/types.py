@@ -86,7 +86,7 @@ class CqlType:
     def multi_cell(self) -> bool:
         return not self.frozen and self.kind in ("list", "set", "map", "udt")
 
-    @property
+    @cached_property
     def is_counter(self) -> bool:
         return self.kind == "counter"
 
