@@ -7,6 +7,7 @@ schema topic as in production. The whole pipeline under Spark is tested in test_
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import time
@@ -18,8 +19,8 @@ from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
 from cassandra_cdc.commitlog import Mutation, MutationSerializer
-from cassandra_cdc.pipeline.processor import (ChangeProcessor, ProcessorSettings, drop_replica_copies,
-                                              with_copy_identity)
+from cassandra_cdc.pipeline.processor import (ChangeProcessor, ProcessorSettings, _collector_paused,
+                                              drop_replica_copies, with_copy_identity)
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert, Update, to_mutation
 from cassandra_cdc.topics.raw import RawRecord, record_key
@@ -64,6 +65,21 @@ def test_drop_replica_copies_keeps_the_first_intact_copy_of_each_write() -> None
                           "offset": [0, 1, 2, 3, 4, 5]})
     # A damaged record never hides a good copy, and is never dropped itself: it is to be reported.
     assert drop_replica_copies(batch)["offset"].tolist() == [0, 1, 3, 4, 5]
+
+
+def test_the_garbage_collector_is_paused_for_a_batch_only() -> None:
+    with pytest.raises(RuntimeError):
+        with _collector_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("a failed batch")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with _collector_paused():
+            pass
+        assert not gc.isenabled()  # left as the worker had it
+    finally:
+        gc.enable()
 
 
 class _MemoryState:
