@@ -417,6 +417,7 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
     assert catalog.refresh() is True
     table, version = catalog.table(uuid.UUID(table_id))
     assert [c.name for c in table.columns] == ["id", "a", "b"] and version != found[1]
+    assert catalog.table(uuid.UUID(table_id).bytes) == (table, version)  # as records carry the id
     catalog.close()
 
 

@@ -49,12 +49,20 @@ class SchemaCatalog:
             catalog = cls._shared[identity] = cls(bootstrap_servers, topic, consumer)
         return catalog
 
-    def table(self, table_id: uuid.UUID, refresh: bool = True) -> tuple[TableMetadata, str] | None:
-        """The latest definition of a table and its version, reading the topic again if unknown."""
-        table = self.schema.table_by_id(table_id)
+    def table(self, table_id: uuid.UUID | bytes, refresh: bool = True) -> tuple[TableMetadata, str] | None:
+        """The latest definition of a table and its version, reading the topic again if unknown.
+
+        The id as a UUID or as its 16 bytes, which start every partition update (no UUID to build per record).
+        """
+        table = self._find(table_id)
         if table is None and refresh and self.refresh():
-            table = self.schema.table_by_id(table_id)
-        return None if table is None else (table, self._versions[table_id])
+            table = self._find(table_id)
+        return None if table is None else (table, self._versions[table.id])
+
+    def _find(self, table_id: uuid.UUID | bytes) -> TableMetadata | None:
+        if isinstance(table_id, bytes):
+            return self.schema.table_by_id_bytes(table_id)
+        return self.schema.table_by_id(table_id)
 
     def refresh(self) -> bool:
         """Read what was added to the topic since the last refresh; return whether anything was."""

@@ -178,7 +178,7 @@ class _ConnectDocument:
         self._head = b'{"schema":' + _json(schema) + b',"payload":'
 
     def encode(self, payload: dict[str, Any]) -> bytes:
-        return self._head + _json(payload) + b"}"
+        return b"".join((self._head, _json(payload), b"}"))  # one copy of the (large) head, not two
 
 
 class SchemaRegistry:

@@ -111,7 +111,7 @@ class ChangeProcessor(StatefulProcessor):
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
-        self._refreshed_for: set[uuid.UUID] = set()  # tables the catalog was read again for in this batch
+        self._refreshed_for: set[bytes] = set()  # ids of the tables the catalog was read again for in this batch
         registry = SchemaRegistry(self.settings.schema_registry_url) if self.settings.schema_registry_url else None
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}
@@ -142,7 +142,7 @@ class ChangeProcessor(StatefulProcessor):
             expiry = next_expiry(state)
             if expiry is None or expiry > now_seconds:
                 continue  # the stored expiry was early: what it was for was deleted since
-            found = self.catalog.table(uuid.UUID(bytes=record_key[:16]))
+            found = self.catalog.table(record_key[:16])
             if found is None:
                 continue
             table, version = found
@@ -190,7 +190,7 @@ class ChangeProcessor(StatefulProcessor):
         agents publish a definition before the records that need it): read it again, once per table and
         batch, so that a run of records no definition will explain costs no more than one read.
         """
-        table_id = record.table_id
+        table_id = record.update[:16]
         reason = None
         for attempt in range(2):
             if attempt:
@@ -208,7 +208,8 @@ class ChangeProcessor(StatefulProcessor):
                 return found[0], found[1], update
             except (MutationDecodeError, EndOfData, ValueError, IndexError, KeyError) as error:
                 reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
-        return reason or f"no schema for table id {table_id} on the schema topic {self.settings.schema_topic}"
+        return reason or (f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topic "
+                          f"{self.settings.schema_topic}")
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
               now_ms: int, out: "_Output") -> None:
