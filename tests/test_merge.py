@@ -30,7 +30,7 @@ from cassandra_cdc.commitlog.counters import CounterShard
 from cassandra_cdc.pipeline.clustering import ClusteringComparator, compare_values
 from cassandra_cdc.pipeline.merge import RowChange, apply, expire, next_expiry, visible_rows
 from cassandra_cdc.pipeline.state import PartitionState
-from cassandra_cdc.schema import TableMetadata, parse_schema, parse_type
+from cassandra_cdc.schema import Schema, TableMetadata, parse_schema, parse_type
 from cassandra_cdc.simulator import (AddToSet, AppendToList, CounterAdd, CounterLedger, DeleteColumns,
                                      DeletePartition, DeleteRange, DeleteRow, Insert, Operation, PutInMap,
                                      RemoveFromSet, RemoveMapKeys, SetUdtFields, Update, to_mutation)
@@ -377,6 +377,26 @@ def test_cells_of_dropped_columns_are_ignored() -> None:
     old_update.table = newer.table = table
     check_every_order([old_update], table, [])
     check_every_order([old_update, newer], table, [{"id": 1, "gone": 3, "v": None}])
+
+
+def test_a_new_definition_of_the_table_shows_in_the_rows_merged_under_the_old_one() -> None:
+    """What merging and viewing need of a table is built once per definition: a new one takes effect."""
+    table_id = "ID = 7d0e7a10-0000-4000-8000-0000000000aa"
+    old_schema = parse_schema(f"CREATE TABLE ks.t (id int PRIMARY KEY, v int, gone int) WITH {table_id};")
+    new_schema = parse_schema(f"CREATE TABLE ks.t (id int PRIMARY KEY, v int, gone int, w text) "
+                              f"WITH {table_id}; ALTER TABLE ks.t DROP gone USING TIMESTAMP {at(2)};")
+    old, new = old_schema.table("ks", "t"), new_schema.table("ks", "t")
+    assert old is not None and new is not None
+
+    def update(op: Operation, schema: Schema) -> PartitionUpdate:
+        body = MutationSerializer.serialize(to_mutation(op, schema), 7)
+        return MutationSerializer.deserialize(body, schema, 7).updates[0]
+
+    state = PartitionState()
+    apply(state, update(Insert("ks.t", {"id": 1, "v": 1, "gone": 1}, timestamp=at(1)), old_schema), old, NOW)
+    written = update(Update("ks.t", {"id": 1}, {"w": "new"}, timestamp=at(3)), new_schema)
+    [change] = apply(state, written, new, NOW)
+    assert change.before == {"id": 1, "v": 1, "w": None} and change.after == {"id": 1, "v": 1, "w": "new"}
 
 
 def test_tombstones_are_purged_after_gc_grace_seconds() -> None:
