@@ -111,7 +111,7 @@ class ChangeProcessor(StatefulProcessor):
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
-        self._refreshed_for: set[bytes] = set()  # ids of the tables the catalog was read again for in this batch
+        self._refreshed_for: set[bytes] = set()  # ids of tables the catalog was read again for, this batch
         registry = SchemaRegistry(self.settings.schema_registry_url) if self.settings.schema_registry_url else None
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}

@@ -55,12 +55,12 @@ class TableView:
         # How each shown column is decoded, in output order (partition key, clustering, regular then
         # static columns: ``table.columns``), with where its raw value is.
         self._key_decoders = tuple((c.name, value_decoder(c.type)) for c in table.partition_key)
-        self._clustering_decoders = tuple((c.name, c.position, value_decoder(c.type)) for c in table.clustering
-                                          if c.name not in hidden)
-        self._regular_decoders = tuple((c.name, index, column_decoder(c)) for index, c in enumerate(self.regulars)
-                                       if c.name not in hidden)
-        self._static_decoders = tuple((c.name, index, column_decoder(c)) for index, c in enumerate(self.statics)
-                                      if c.name not in hidden)
+        self._clustering_decoders = tuple((c.name, c.position, value_decoder(c.type))
+                                          for c in table.clustering if c.name not in hidden)
+        self._regular_decoders = tuple((c.name, index, column_decoder(c))
+                                       for index, c in enumerate(self.regulars) if c.name not in hidden)
+        self._static_decoders = tuple((c.name, index, column_decoder(c))
+                                      for index, c in enumerate(self.statics) if c.name not in hidden)
         self._no_values: RawValues = (None,) * len(self.regulars)
         try:
             self.gc_grace = int(table.options.get("gc_grace_seconds", DEFAULT_GC_GRACE_SECONDS))
