@@ -435,6 +435,10 @@ def test_state_pickles_small() -> None:
     restored = pickle.loads(data)
     assert visible_rows(restored, EVENTS, NOW) == visible_rows(state, EVENTS, NOW)
     assert restored.rows == state.rows
+    # The pipeline's form: builtins only, smaller still.
+    stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(stored) < len(data)
+    assert PartitionState.from_stored(pickle.loads(stored)).__reduce__() == state.__reduce__()
 
 
 # --- clustering order -------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import pickle
 import time
 from typing import Any, Iterator
 
@@ -18,9 +19,12 @@ import pytest
 from confluent_kafka import Producer
 from pyspark.sql import SparkSession
 
-from cassandra_cdc.commitlog import Mutation, MutationSerializer
+from cassandra_cdc.commitlog import Mutation, MutationSerializer, PartitionUpdateSerializer
+from cassandra_cdc.commitlog.io import DataInput
+from cassandra_cdc.pipeline.merge import apply
 from cassandra_cdc.pipeline.processor import (ChangeProcessor, ProcessorSettings, _collector_paused,
-                                              drop_replica_copies, with_copy_identity)
+                                              _Partitions, drop_replica_copies, with_copy_identity)
+from cassandra_cdc.pipeline.state import PartitionState
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert, Update, to_mutation
 from cassandra_cdc.topics.raw import RawRecord, record_key
@@ -80,6 +84,20 @@ def test_the_garbage_collector_is_paused_for_a_batch_only() -> None:
         assert not gc.isenabled()  # left as the worker had it
     finally:
         gc.enable()
+
+
+def test_partitions_pickled_as_objects_are_read_and_stored_as_builtins() -> None:
+    """States stored before ``PartitionState.stored`` (pickled objects) are read; all are stored anew."""
+    insert = update_bytes(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW))
+    state = PartitionState()
+    update = PartitionUpdateSerializer.deserialize(DataInput(insert), SCHEMA, 7)
+    apply(state, update, SCHEMA.table("app", "users"), NOW // 1_000_000)
+    old, new = pickle.dumps(state), pickle.dumps(state.stored())
+    partitions = _Partitions({b"old": (None, old), b"new": (None, new)})
+    assert partitions.get(b"old").__reduce__() == partitions.get(b"new").__reduce__() == state.__reduce__()
+    stored = pickle.loads(partitions.dump())  # type: ignore[arg-type]
+    assert {key: pickle.loads(value) for key, (_, value) in stored.items()} == {b"old": state.stored(),
+                                                                                 b"new": state.stored()}
 
 
 class _MemoryState:

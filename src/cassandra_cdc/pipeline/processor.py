@@ -280,13 +280,16 @@ class _Partitions:
     """
 
     def __init__(self, stored: dict[bytes, tuple[int | None, bytes]]) -> None:
-        self._stored = stored  # partition key → (next expiry, pickled PartitionState)
+        self._stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
         self._opened: dict[bytes, PartitionState] = {}
 
     def get(self, key: bytes) -> PartitionState | None:
         state = self._opened.get(key)
         if state is None and key in self._stored:
-            state = self._opened[key] = pickle.loads(self._stored[key][1])
+            stored = pickle.loads(self._stored[key][1])
+            # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
+            state = stored if isinstance(stored, PartitionState) else PartitionState.from_stored(stored)
+            self._opened[key] = state
         return state
 
     def add(self, key: bytes) -> PartitionState:
@@ -305,7 +308,8 @@ class _Partitions:
     def dump(self) -> bytes | None:
         """The bucket's state value with the opened partitions pickled again; None when it has none."""
         for key, state in self._opened.items():
-            self._stored[key] = (next_expiry(state), pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+            stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
+            self._stored[key] = (next_expiry(state), stored)
         self._opened.clear()
         return pickle.dumps(self._stored, protocol=pickle.HIGHEST_PROTOCOL) if self._stored else None
 
