@@ -191,7 +191,7 @@ class ChangeProcessor(StatefulProcessor):
         batch, so that a run of records no definition will explain costs no more than one read.
         """
         table_id = record.update[:16]
-        reason = None
+        reason: str | None = None
         for attempt in range(2):
             if attempt:
                 if table_id in self._refreshed_for:

@@ -49,7 +49,6 @@ class TableView:
         self.statics: tuple[ColumnMetadata, ...] = tuple(c for c in table.regular_and_static if c.is_static)
         self.current = {c.name: c for c in table.regular_and_static}
         self.dropped = {c.name: c.dropped_time for c in table.dropped if c.dropped_time is not None}
-        self.output_names = [c.name for c in table.columns if c.name not in hidden]
         self._regular_layout = self._layout(self.regulars)
         self._static_layout = self._layout(self.statics)
         # How each shown column is decoded, in output order (partition key, clustering, regular then
