@@ -87,7 +87,9 @@ class SchemaCatalog:
         consumer.assign([TopicPartition(self.topic, partition, self._next[partition]) for partition in ends])
         try:
             while ends:
-                for message in consumer.consume(1000, timeout=1.0):
+                # consume() waits its whole timeout unless 1000 records come: short waits, or a refresh
+                # that reads one new definition costs the timeout.
+                for message in consumer.consume(1000, timeout=0.05):
                     partition, error = message.partition(), message.error()
                     if partition not in ends:
                         continue
