@@ -36,8 +36,7 @@ from cassandra_cdc.agent import Agent  # noqa: E402
 from cassandra_cdc.agent import load_config as agent_config  # noqa: E402
 from cassandra_cdc.commitlog import Mutation, MutationSerializer  # noqa: E402
 from cassandra_cdc.pipeline.config import load_config as pipeline_config  # noqa: E402
-from cassandra_cdc.pipeline.job import change_events  # noqa: E402
-from cassandra_cdc.pipeline.sink import KafkaTransactionalSink  # noqa: E402
+from cassandra_cdc.pipeline.job import start  # noqa: E402
 from cassandra_cdc.pipeline.spark import spark_session  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402
 from cassandra_cdc.simulator import Cluster, EmbeddedBroker, Insert, Update, to_mutation  # noqa: E402
@@ -113,20 +112,19 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
     published = time.monotonic() - started
     config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
                                     "kafka.bootstrap_servers": broker.bootstrap_servers,
-                                    "kafka.max_offsets_per_trigger": batch_records, "state.buckets": 16})
+                                    "kafka.max_offsets_per_trigger": batch_records,
+                                    "kafka.events_topic_partitions": 6})
     session_start = time.monotonic()
-    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions)
-    sink = KafkaTransactionalSink(broker.bootstrap_servers, config.commit_topic, "bench", topic_partitions=6)
+    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions, json.loads(os.environ.get("BENCH_CONF", "{}")))
     query_start, cpu_start = time.monotonic(), pipeline_cpu_seconds()
-    query = (change_events(spark, config).writeStream.foreachBatch(sink.write_batch)
-             .option("checkpointLocation", str(config.checkpoint)).trigger(processingTime="1 second").start())
+    query = start(spark, config)
     # By batch id: recentProgress keeps only the last 100 updates, and the state's timers add no-data batches.
     batches: dict[int, dict] = {}
-    while sum(p["numInputRows"] for p in batches.values()) < records:
-        query.awaitTermination(0.2)
+    while sum(map(raw_records, batches.values())) < records:
+        query.awaitTermination(1)  # recentProgress costs the JVM a JSON per progress kept: not too often
         if query.exception() is not None:
             raise RuntimeError(f"the pipeline failed: {query.exception()}")
-        batches.update((p["batchId"], p) for p in query.recentProgress if p["numInputRows"])
+        batches.update((p["batchId"], p) for p in query.recentProgress if raw_records(p))
     done, cpu = time.monotonic(), pipeline_cpu_seconds() - cpu_start
     query.stop()
     spark.stop()
@@ -138,14 +136,25 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
     return {"records": records, "publish_s": published, "session_s": query_start - session_start,
             "query_s": total, "first_batch_s": first["batchDuration"] / 1000, "records_per_s": records / total,
             "per_core": records / total / CORES,
-            "steady_per_core": (records - first["numInputRows"]) / steady / CORES if steady > 0 else 0.0,
+            "steady_per_core": (records - raw_records(first)) / steady / CORES if steady > 0 else 0.0,
             "cpu_s": cpu, "records_per_cpu_s": records / cpu, "load_average": os.getloadavg(),
             "durations_ms": {k: sum(p["durationMs"].get(k, 0) for p in ordered) for k in ordered[0]["durationMs"]},
-            "batches": len(ordered), "batch_sizes": [p["numInputRows"] for p in ordered],
+            "batches": len(ordered), "batch_sizes": [raw_records(p) for p in ordered],
             "batch_s": [p["batchDuration"] / 1000 for p in ordered],
+            "first_batch_ms": first["durationMs"],
             "state_rows": state["numRowsTotal"], "state_memory_bytes": state["memoryUsedBytes"],
             "state_metrics": {k: v for k, v in state.get("customMetrics", {}).items()
                               if k in ("rocksdbSstFileSize", "rocksdbTotalBytesWritten")}}
+
+
+def raw_records(progress: dict[str, Any]) -> int:
+    """Raw records a micro-batch read: the offsets it advanced (the source's rows name offset ranges)."""
+    def offsets(value: Any) -> dict[str, int]:
+        return (json.loads(value) if isinstance(value, str) else value) or {}
+
+    source = progress["sources"][0]
+    end, start = offsets(source.get("endOffset")), offsets(source.get("startOffset"))
+    return sum(end.values()) - sum(start.get(partition, 0) for partition in end)
 
 
 def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw_partitions: int) -> dict[str, float]:
@@ -166,11 +175,10 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
         agents.append((agent, thread))
     config = pipeline_config(None, {"server": server, "checkpoint": str(work / "lat-checkpoint"),
                                     "kafka.bootstrap_servers": broker.bootstrap_servers,
-                                    "spark.trigger_interval": "100 milliseconds", "state.buckets": 8})
+                                    "spark.trigger_interval": "100 milliseconds",
+                                    "kafka.events_topic_partitions": 2})
     spark = spark_session("local[2]", "latency-benchmark", config.spark.shuffle_partitions)
-    sink = KafkaTransactionalSink(broker.bootstrap_servers, config.commit_topic, "lat", topic_partitions=2)
-    query = (change_events(spark, config).writeStream.foreachBatch(sink.write_batch)
-             .option("checkpointLocation", str(config.checkpoint)).trigger(processingTime="100 milliseconds").start())
+    query = start(spark, config)
     written: dict[int, float] = {}
     arrived: dict[int, float] = {}
     stop = threading.Event()

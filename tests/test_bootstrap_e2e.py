@@ -164,8 +164,7 @@ def test_bootstrap_while_agents_stream_gives_the_final_table_state_each_row_once
     agents = start_agents(cluster, broker, SERVER, tmp_path)
     config = load_pipeline_config(None, {
         "server": SERVER, "checkpoint": str(tmp_path / "checkpoint"),
-        "kafka.bootstrap_servers": broker.bootstrap_servers, "spark.trigger_interval": "500 milliseconds",
-        "state.buckets": 8})
+        "kafka.bootstrap_servers": broker.bootstrap_servers, "spark.trigger_interval": "500 milliseconds"})
     query = start(spark, config)
     try:
         cluster.run(before, sync_every=10)

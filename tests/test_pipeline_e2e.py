@@ -75,7 +75,7 @@ def test_replicas_merge_into_exactly_the_table_state(broker: EmbeddedBroker, tmp
     pipeline_config = load_pipeline_config(None, {
         "server": server, "checkpoint": str(tmp_path / "checkpoint"),
         "kafka.bootstrap_servers": broker.bootstrap_servers, "kafka.max_offsets_per_trigger": 3000,
-        "spark.trigger_interval": "500 milliseconds", "state.buckets": 8})
+        "spark.trigger_interval": "500 milliseconds"})
     query = start(spark, pipeline_config)
     try:
         cluster.run(workload.take(1500), sync_every=50)

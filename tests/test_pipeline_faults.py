@@ -98,7 +98,7 @@ def wait_for(predicate: Any, timeout: float = 120.0) -> Any:
 def pipeline_config(broker: Any, server: str, tmp_path: Path, **overrides: Any) -> Any:
     return load_config(None, {"server": server, "checkpoint": str(tmp_path / "checkpoint"),
                               "kafka.bootstrap_servers": broker.bootstrap_servers,
-                              "spark.trigger_interval": "500 milliseconds", "state.buckets": 4, **overrides})
+                              "spark.trigger_interval": "500 milliseconds", **overrides})
 
 
 def test_a_schema_change_mid_stream_never_breaks_it(broker: Any, spark: Any, tmp_path: Path) -> None:
@@ -163,7 +163,7 @@ def test_kill_9_of_the_pipeline_resumes_from_its_checkpoint_without_losing_an_ev
     config_path.write_text(yaml.safe_dump({
         "server": server, "checkpoint": str(tmp_path / "checkpoint"),
         "kafka": {"bootstrap_servers": broker.bootstrap_servers, "max_offsets_per_trigger": 100},
-        "spark": {"trigger_interval": "200 milliseconds"}, "state": {"buckets": 4}}))
+        "spark": {"trigger_interval": "200 milliseconds"}}))
     now = time.time_ns() // 1000
     total = 300
     for i in range(total):

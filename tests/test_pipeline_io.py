@@ -1,10 +1,9 @@
 """The pipeline's Kafka I/O against a real broker (noida-db) and a real local Spark: the ``cdc-kafka``
-streaming source and the transactional / at-least-once sinks."""
+streaming source and the tasks' transactional / at-least-once sinks."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -14,15 +13,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
 
-import pyarrow as pa
-
 from cassandra_cdc.pipeline.catalog import SchemaCatalog
 from cassandra_cdc.pipeline.config import ConfigError
 from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
-from cassandra_cdc.pipeline.job import balanced_bucket_keys, check_state_layout
-from cassandra_cdc.pipeline.sink import KafkaAtLeastOnceSink, KafkaTransactionalSink, _CommitLog, _TransactionalProducer
+from cassandra_cdc.pipeline.job import balanced_group_keys, check_state_layout
+from cassandra_cdc.pipeline.sink import (SinkError, SinkSettings, Task, TransactionalTaskSink, _CommitLog,
+                                         _TransactionalProducer, task_sink)
 from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
-                                           SourceOptions, admit, group_ranges)
+                                           SourceOptions, admit, group_ranges, read_range)
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.topics.schemas import SchemaRecord
 from cassandra_cdc.pipeline.spark import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
@@ -222,6 +220,35 @@ def test_source_task_reads_exact_ranges_with_the_consumer_it_keeps(broker):
         + expected[1][:2]  # a task reading several ranges
 
 
+def test_source_emitting_offset_ranges_plans_them_in_one_task_and_read_range_reads_them(spark, broker, tmp_path):
+    """``emit=offsetRanges``: rows name each Kafka partition's offsets of the batch, in one task; reading
+    those ranges with ``read_range`` gives every record once, as ``emit=records`` would."""
+    topic = "source-ranges"
+    broker.create_topic(topic, 3)
+    records = [(i % 3, b"k%d" % i, b"v%d" % i) for i in range(900)]
+    produce(broker, topic, records)
+    options = {"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": topic, "emit": "offsetRanges"}
+    reader = KafkaStreamReader(SourceOptions.parse(options))
+    [task] = reader.partitions({"0": 0, "1": 100, "2": 0}, {"0": 300, "1": 300, "2": 0})
+    batch = next(reader.read(task))
+    assert batch.to_pylist() == [{"topic": topic, "partition": 0, "startOffset": 0, "endOffset": 300},
+                                 {"topic": topic, "partition": 1, "startOffset": 100, "endOffset": 300}]
+
+    batches = []
+    query = (spark.readStream.format("cdc-kafka").options(**options).option("maxOffsetsPerTrigger", 400).load()
+             .writeStream.foreachBatch(lambda df, _: batches.append(df.collect()))
+             .option("checkpointLocation", str(tmp_path / "checkpoint")).trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None and len(batches) == 3
+    source = SourceOptions.parse(options)
+    read = [(row.partition, message.key(), message.value()) for rows in batches for row in rows
+            for messages in read_range(source, OffsetRange(row.partition, row.startOffset, row.endOffset))
+            for message in messages]
+    assert sorted(read) == sorted(records)
+    with pytest.raises(KafkaSourceError, match="emit must be"):
+        SourceOptions.parse({**options, "emit": "everything"})
+
+
 @pytest.mark.xfail(strict=True, reason="noida-db 0.2.3 lists stale aborted transactions in fetch responses")
 def test_noida_hides_commits_after_an_abort_of_the_same_producer(broker):
     """Kafka's FetchResponse lists only the aborted transactions overlapping the fetched range;
@@ -254,108 +281,54 @@ def test_noida_hides_commits_after_an_abort_of_the_same_producer(broker):
 
 # --- sink.py ---------------------------------------------------------------------------------------
 
-def events(spark, topic: str, count: int, partitions: int = 2):
-    """A static DataFrame of ``count`` serialized events in ``partitions`` Spark partitions."""
-    return (spark.range(0, count, numPartitions=partitions)
-            .select(F.lit(topic).alias("topic"),
-                    F.col("id").cast("string").cast("binary").alias("key"),
-                    F.concat(F.lit("event-"), F.col("id").cast("string")).cast("binary").alias("value")))
+def write_task(settings: SinkSettings, task: Task, topic: str, count: int, fail: bool = False) -> TransactionalTaskSink:
+    """What a stateful task does with its sink: ``count`` records, then commit (or abort, as a failed task)."""
+    sink = task_sink(settings, task)
+    for i in range(count):
+        sink.produce(topic, b"%d" % i, b"b%d-p%d-%d" % (task.batch_id, task.partition, i))
+    if fail:
+        sink.abort()
+    else:
+        sink.commit()
+    return sink  # type: ignore[return-value]
 
 
-def test_transactional_sink_stream_exactly_once_across_replays(spark, broker, tmp_path):
-    source, output = "sink-input", "sink-output"
-    broker.create_topic(source, 3)
-    broker.create_topic(output, 2)
-    produce(broker, source, [(i % 3, b"k%d" % i, b"v%d" % i) for i in range(2000)])
-    sink = KafkaTransactionalSink(broker.bootstrap_servers, "sink-commits", "test-stream")
-    reports = []
-
-    def write(df, batch_id):
-        reports.append(sink.write_batch(df, batch_id))
-
-    def run(checkpoint):
-        query = (spark.readStream.format("cdc-kafka")
-                 .option("kafka.bootstrap.servers", broker.bootstrap_servers)
-                 .option("subscribe", source).option("maxOffsetsPerTrigger", 800).load()
-                 .select(F.lit(output).alias("topic"), "key", "value")
-                 .writeStream.foreachBatch(write)
-                 .option("checkpointLocation", str(checkpoint))
-                 .trigger(availableNow=True).start())
-        query.awaitTermination(120)
-        assert query.exception() is None
-
-    checkpoint = tmp_path / "checkpoint"
-    run(checkpoint)
-    assert len(reports) == 3 and sum(report.records for report in reports) == 2000
-
-    def committed_values():
-        values = [value for _, _, _, value in read_topic(broker, output)]
-        assert len(values) == len(set(values))  # no duplicates
-        return values
-
-    assert sorted(committed_values()) == sorted(b"v%d" % i for i in range(2000))
-
-    # A driver crash after the sink wrote the last batch but before Spark recorded it: Spark runs it
-    # again on restart, with the same offsets; every partition is already committed.
-    last = max(int(path.name) for path in (checkpoint / "commits").iterdir() if path.name.isdigit())
-    (checkpoint / "commits" / str(last)).unlink()
-    shutil.rmtree(checkpoint / "commits" / ".crc", ignore_errors=True)
-    for crc in (checkpoint / "commits").glob(f".{last}.crc"):
-        crc.unlink()
-    reports.clear()
-    run(checkpoint)
-    assert [report.batch_id for report in reports] == [last]
-    assert reports[0].records == 0 and reports[0].partitions_skipped and not reports[0].partitions_written
-    assert len(committed_values()) == 2000
-
-
-def test_transactional_sink_replayed_batch_is_skipped(spark, broker):
+def test_transactional_task_sink_commits_each_partition_of_a_batch_once(broker):
     output = "replay-output"
     broker.create_topic(output, 2)
-    sink = KafkaTransactionalSink(broker.bootstrap_servers, "replay-commits", "test-replay")
-    df = events(spark, output, 500)
-    first = sink.write_batch(df, 0)
-    assert first.records == 500 and first.partitions_written == [0, 1]
-    again = sink.write_batch(df, 0)  # the same batch after a crash
-    assert again.records == 0 and again.partitions_skipped == [0, 1]
-    # A new sink object (a restarted driver) finds the markers as well.
-    assert KafkaTransactionalSink(broker.bootstrap_servers, "replay-commits", "test-replay") \
-        .write_batch(df, 0).partitions_skipped == [0, 1]
-    assert sink.write_batch(events(spark, output, 10), 1).records == 10
-    # So does a process that never wrote them (a new Python worker): this one.
-    commits = _CommitLog.of({"bootstrap.servers": broker.bootstrap_servers}, "replay-commits")
+    settings = SinkSettings(broker.bootstrap_servers, "replay-commits", "test-replay")
+    for partition in (0, 1):
+        assert write_task(settings, Task(0, partition, "query-1"), output, 250).records == 250
+    # Batch 0 again, after a crash before Spark recorded it: every partition is already committed.
+    for partition in (0, 1):
+        again = write_task(settings, Task(0, partition, "query-1"), output, 250)
+        assert again.skipped and again.records == 0
+    assert write_task(settings, Task(1, 0, "query-1"), output, 10).records == 10
+    # So does a process that never wrote them (a new Python worker): this one, with a commit log of its own.
+    commits = _CommitLog({"bootstrap.servers": broker.bootstrap_servers}, "replay-commits")
     try:
-        assert [commits.last_batch(f"test-replay-{p}", None) for p in (0, 1, 2)] == [1, 1, None]
+        assert [commits.last_batch(f"test-replay-{p}", "query-1") for p in (0, 1, 2)] == [1, 0, None]
+        assert commits.last_batch("test-replay-0", "another-query") is None  # a new checkpoint starts over
     finally:
         commits.close()
     values = [value for _, _, _, value in read_topic(broker, output)]
-    assert len(values) == 510 and len(set(values)) == 500
+    assert sorted(values) == sorted([b"b0-p%d-%d" % (p, i) for p in (0, 1) for i in range(250)]
+                                    + [b"b1-p0-%d" % i for i in range(10)])
     markers = [json.loads(value) for _, _, _, value in read_topic(broker, "replay-commits")]
-    assert sorted((m["partition"], m["batch_id"]) for m in markers) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert sorted((m["partition"], m["batch_id"], m["records"]) for m in markers) == [(0, 0, 250), (0, 1, 10),
+                                                                                       (1, 0, 250)]
 
 
-def test_transactional_sink_aborts_a_failed_task(spark, broker):
+def test_transactional_task_sink_of_a_failed_task_leaves_nothing_visible(broker):
     output = "abort-output"
     broker.create_topic(output, 1)
-
-    class CrashBeforeCommit(KafkaTransactionalSink):
-        def _produce_marker(self, producer, key, value):
-            producer.flush(30)  # the records are on the broker, in the open transaction
-            # Only builtins in here: the class is pickled by value into Spark's Python workers, which
-            # cannot import this test module.
-            raise RuntimeError(f"task for {key} crashes before committing")
-
-    failing = CrashBeforeCommit(broker.bootstrap_servers, "abort-commits", "test-abort")
-    with pytest.raises(Exception, match="crashes before committing"):
-        failing.write_batch(events(spark, output, 300), 0)
-    # Produced, then aborted. (When the first task fails, Spark may cancel the other before it writes.)
-    assert len(read_topic(broker, output, "read_uncommitted")) in (150, 300)
+    settings = SinkSettings(broker.bootstrap_servers, "abort-commits", "test-abort")
+    failed = write_task(settings, Task(0, 0, "query-1"), output, 300, fail=True)
+    assert failed.records == 300 and not failed.skipped  # produced in a transaction, then aborted
     assert read_topic(broker, output) == []
     assert read_topic(broker, "abort-commits") == []
-
-    # The retry of the batch writes it, once.
-    retry = KafkaTransactionalSink(broker.bootstrap_servers, "abort-commits", "test-abort")
-    assert retry.write_batch(events(spark, output, 300), 0).records == 300
+    # The retry of the task writes it, once.
+    assert write_task(settings, Task(0, 0, "query-1"), output, 300).records == 300
     assert len(read_topic(broker, output)) == 300
 
 
@@ -365,19 +338,15 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
     commit marker) and register a new producer instead of failing its next batch."""
     output = "kept-producer-output"
     broker.create_topic(output, 1)
-    sink = KafkaTransactionalSink(broker.bootstrap_servers, "kept-producer-commits", "test-kept")
-    sink._prepare()
-
-    def rows(batch_id: int) -> list[pa.RecordBatch]:
-        return [pa.RecordBatch.from_pydict({"topic": [output] * 3, "key": [b"k"] * 3,
-                                            "value": [b"b%d-%d" % (batch_id, i) for i in range(3)]})]
+    settings = SinkSettings(broker.bootstrap_servers, "kept-producer-commits", "test-kept")
 
     def in_worker(worker: dict, batch_id: int) -> tuple[int, bool]:
         """Run one task as the given worker process would, with that worker's kept clients."""
         kept = _TransactionalProducer._instances, _CommitLog._instances
         _TransactionalProducer._instances, _CommitLog._instances = worker["producers"], worker["commits"]
         try:
-            return sink._write_partition(iter(rows(batch_id)), 0, batch_id, "query-1")
+            sink = write_task(settings, Task(batch_id, 0, "query-1"), output, 3)
+            return sink.records, sink.skipped
         finally:
             _TransactionalProducer._instances, _CommitLog._instances = kept
 
@@ -391,7 +360,15 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
     assert in_worker(second, 3) == (0, True)  # a replay of batch 3 elsewhere: already committed
     assert in_worker(first, 4) == (3, False)
     values = [value for _, _, _, value in read_topic(broker, output)]
-    assert values == [b"b%d-%d" % (batch_id, i) for batch_id in range(5) for i in range(3)]
+    assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(5) for i in range(3)]
+
+
+def test_a_task_sink_needs_a_streaming_task(spark):
+    with pytest.raises(SinkError, match="not in a task"):
+        Task.current()  # the driver: no task, no batch id
+    rows = spark.range(1).rdd.map(lambda _: Task.current()).collect
+    with pytest.raises(Exception, match="not in a task"):
+        rows()  # a task outside of a streaming query has no batch id
 
 
 def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
@@ -421,44 +398,51 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
     catalog.close()
 
 
-def test_at_least_once_sink_creates_topics(spark, broker):
+def test_at_least_once_task_sink_creates_topics_and_writes_replays_again(broker):
     output = "at-least-once-output"  # does not exist: the tasks create it
-    sink = KafkaAtLeastOnceSink(broker.bootstrap_servers, topic_partitions=3)
-    assert sink.write_batch(events(spark, output, 400), 0).records == 400
-    assert sink.write_batch(events(spark, output, 400), 0).records == 400  # a replay writes again
-    records = read_topic(broker, output, "read_uncommitted")
-    values = [value for _, _, _, value in records]
+    settings = SinkSettings(broker.bootstrap_servers, "unused-commits", "test-alo", exactly_once=False,
+                            topic_partitions=3)
+    for _ in range(2):  # a replay writes again
+        assert write_task(settings, Task(0, 0, "query-1"), output, 400).records == 400
+    values = [value for _, _, _, value in read_topic(broker, output, "read_uncommitted")]
     assert len(values) == 800 and len(set(values)) == 400
     assert len(broker.admin().list_topics(output, timeout=10).topics[output].partitions) == 3
-    with pytest.raises(Exception, match="lacks columns"):
-        sink.write_batch(spark.range(3), 1)
 
 
 # --- job.py: how state is laid out -----------------------------------------------------------------
 
-@pytest.mark.parametrize("buckets, partitions", [(8, 2), (16, 2), (12, 3)])
-def test_state_buckets_are_spread_evenly_over_the_state_partitions(spark, buckets, partitions):
-    keys = balanced_bucket_keys(spark, buckets, partitions)
-    assert len(set(keys)) == buckets
+@pytest.mark.parametrize("groups, partitions", [(8, 2), (12, 2), (12, 3)])
+def test_raw_partitions_are_spread_evenly_over_the_state_partitions(spark, groups, partitions):
+    keys = balanced_group_keys(spark, groups, partitions)
+    assert len(set(keys)) == groups
     # The shuffle in front of the stateful operator: hash partitioning of the grouping key.
-    placed = (spark.createDataFrame([(key,) for key in keys], "bucket bigint").repartition(partitions, "bucket")
+    placed = (spark.createDataFrame([(key,) for key in keys], "group bigint").repartition(partitions, "group")
               .groupBy(F.spark_partition_id().alias("partition")).count().collect())
-    assert sorted(row["count"] for row in placed) == [buckets // partitions] * partitions
+    assert sorted(row["count"] for row in placed) == [groups // partitions] * partitions
 
 
-def test_a_checkpoint_refuses_other_state_settings(tmp_path):
-    def config(buckets: int = 8):
+def test_a_checkpoint_refuses_another_state_layout(tmp_path):
+    def config(shuffle_partitions: int = 2):
         return load_pipeline_config(None, {"server": "s", "checkpoint": str(tmp_path / "checkpoint"),
-                                           "kafka.bootstrap_servers": "127.0.0.1:1", "state.buckets": buckets})
+                                           "kafka.bootstrap_servers": "127.0.0.1:1",
+                                           "spark.shuffle_partitions": shuffle_partitions})
 
-    check_state_layout(config())  # a new checkpoint records its settings
-    check_state_layout(config())
-    with pytest.raises(ConfigError, match="state.buckets 8 → 16"):
-        check_state_layout(config(16))
-    # A checkpoint with offsets but no record of its layout was written before the layout was recorded.
+    check_state_layout(config(), None)  # a new checkpoint, before the raw topic exists
+    check_state_layout(config(), 12)  # the raw topic's partitions are recorded once it exists
+    check_state_layout(config(), 12)
+    with pytest.raises(ConfigError, match="raw_topic.partitions 12 → 16"):
+        check_state_layout(config(), 16)
+    with pytest.raises(ConfigError, match="spark.shuffle_partitions 2 → 4"):
+        check_state_layout(config(4), 12)
+    # A checkpoint with offsets but no record of its layout, or another version of it, was written by an
+    # earlier pipeline.
     older = tmp_path / "older"
     (older / "offsets").mkdir(parents=True)
     (older / "offsets" / "0").write_text("v1")
+    older_config = load_pipeline_config(None, {"server": "s", "checkpoint": str(older),
+                                               "kafka.bootstrap_servers": "127.0.0.1:1"})
     with pytest.raises(ConfigError, match="earlier version"):
-        check_state_layout(load_pipeline_config(None, {"server": "s", "checkpoint": str(older),
-                                                       "kafka.bootstrap_servers": "127.0.0.1:1"}))
+        check_state_layout(older_config, 12)
+    (older / "cassandra-cdc-state.json").write_text(json.dumps({"version": 2, "state.buckets": 64}))
+    with pytest.raises(ConfigError, match="earlier version"):
+        check_state_layout(older_config, 12)

@@ -1,29 +1,35 @@
-"""The stateful processor on its own, micro-batch by micro-batch: replica copies dropped before the merge,
-one event per real change, the state of every partition kept across batches (touched or not).
+"""The stateful processor on its own, micro-batch by micro-batch: replica copies merged once, one event
+per real change, the state of every partition kept across batches (touched or not), records given in
+the rows or read from the offset ranges the rows name, events written to Kafka by the task.
 
-Spark's state store is replaced by an in-memory one with the same calls; the schema comes from the
-schema topic as in production. The whole pipeline under Spark is tested in test_pipeline_e2e.py.
+Spark's state store is replaced by an in-memory one with the same calls, and Spark's task by the batch
+ids the tests give; the schema comes from the schema topic and the events go to the broker, as in
+production. The whole pipeline under Spark is tested in test_pipeline_e2e.py.
 """
 
 from __future__ import annotations
 
+import base64
+import copy
+import dataclasses
 import gc
-import hashlib
+import itertools
 import json
 import pickle
 import time
+import uuid
 from typing import Any, Iterator
 
 import pandas as pd
 import pytest
-from confluent_kafka import Producer
-from pyspark.sql import SparkSession
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from cassandra_cdc.commitlog import Mutation, MutationSerializer, PartitionUpdateSerializer
 from cassandra_cdc.commitlog.io import DataInput
 from cassandra_cdc.pipeline.merge import apply
-from cassandra_cdc.pipeline.processor import (ChangeProcessor, ProcessorSettings, _collector_paused,
-                                              _Partitions, drop_replica_copies, with_copy_identity)
+from cassandra_cdc.pipeline.processor import ChangeProcessor, ProcessorSettings, _collector_paused, _Partitions
+from cassandra_cdc.pipeline.sink import SinkSettings, Task
+from cassandra_cdc.pipeline.source import SourceOptions
 from cassandra_cdc.pipeline.state import PartitionState
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert, Update, to_mutation
@@ -49,26 +55,6 @@ def copies(op: Any, nodes: tuple[str, ...] = ("node1", "node22", "node333")) -> 
 
 def damaged(value: bytes) -> bytes:
     return value[:-1] + bytes([value[-1] ^ 0xFF])
-
-
-def test_copy_identity_reads_the_digest_and_checks_it_in_the_jvm(spark: Any) -> None:
-    op = Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW)
-    (key, good), (_, other_node) = copies(op)[:2]
-    rows = [(key, good), (key, other_node), (key, damaged(good)), (key, b"\x09" + good[1:]), (b"k", b"\x01junk")]
-    frame = with_copy_identity(spark.createDataFrame(rows, "key binary, value binary"))
-    got = [(bytes(r["digest"]), r["intact"]) for r in frame.collect()]
-    digest = hashlib.md5(update_bytes(op)).digest()
-    assert got[:4] == [(digest, True), (digest, True), (digest, False), (digest, False)]
-    assert got[4][1] is False
-
-
-def test_drop_replica_copies_keeps_the_first_intact_copy_of_each_write() -> None:
-    batch = pd.DataFrame({"key": [b"a", b"a", b"a", b"a", b"b", b"a"],
-                          "digest": [b"1", b"1", b"1", b"1", b"1", b"2"],
-                          "intact": [False, True, True, False, True, True],
-                          "offset": [0, 1, 2, 3, 4, 5]})
-    # A damaged record never hides a good copy, and is never dropped itself: it is to be reported.
-    assert drop_replica_copies(batch)["offset"].tolist() == [0, 1, 3, 4, 5]
 
 
 def test_the_garbage_collector_is_paused_for_a_batch_only() -> None:
@@ -151,28 +137,71 @@ class _Clock:
         return self.now_ms
 
 
+class _Events:
+    """The events and dead letters the processor commits, read (read_committed) as they come."""
+
+    def __init__(self, broker: Any, topics: list[str]) -> None:
+        self._consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "processor-test",
+                                   "isolation.level": "read_committed", "enable.partition.eof": True})
+        self._assigned: set[str] = set()
+        existing = self._consumer.list_topics(timeout=10).topics
+        # Earlier tests wrote to the same topics: only what this one writes counts.
+        self._start = {topic: self._consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
+                       for topic in topics if topic in existing}
+
+    def read(self, topic: str) -> list[bytes]:
+        """The records of ``topic`` (one partition) committed since the last read."""
+        if topic not in self._assigned:
+            if topic not in self._consumer.list_topics(timeout=10).topics:
+                return []
+            self._assigned.add(topic)
+            self._consumer.incremental_assign([TopicPartition(topic, 0, self._start.get(topic, 0))])
+        values = []
+        while (message := self._consumer.poll(10)) is not None:
+            if message.error():
+                break  # the end of the partition
+            if message.topic() == topic:
+                values.append(message.value())
+        return values
+
+
 @pytest.fixture
-def processor(broker: Any, spark: Any) -> Iterator[tuple[ChangeProcessor, _MemoryHandle]]:
+def processor(broker: Any, spark: Any, monkeypatch: Any) -> Iterator[tuple[ChangeProcessor, _MemoryHandle]]:
     record = SchemaRecord.of(SCHEMA.table("app", "users"), "node1")
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     producer.produce(SERVER, record.encode(), record.key)
     producer.flush(30)
-    processor = ChangeProcessor(ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER, f"{SERVER}.errors"))
+    query = uuid.uuid4().hex  # each test writes as a query of its own: its markers are its own
+    sink = SinkSettings(broker.bootstrap_servers, f"{SERVER}.commits", f"test-{query}", topic_partitions=1)
+    processor = ChangeProcessor(ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER, f"{SERVER}.errors",
+                                                  sink=sink))
+    batch_ids = itertools.count()
+    monkeypatch.setattr(Task, "current", classmethod(lambda cls: Task(processor.batch_id, 0, query)))
+    processor.batch_id = next(batch_ids)  # type: ignore[attr-defined]
+    processor.next_batch = lambda: setattr(processor, "batch_id", next(batch_ids))  # type: ignore[attr-defined]
+    processor.events = _Events(broker, [f"{SERVER}.{table}" for table in ("app.users", "app.late", "errors")])  # type: ignore[attr-defined]
     handle = _MemoryHandle()
     processor.init(handle)  # type: ignore[arg-type]
     yield processor, handle
     processor.close()
 
 
-def run_batch(processor: ChangeProcessor, handle: _MemoryHandle,
-              records: list[tuple[bytes, bytes]], bucket: int = 0) -> list[dict[str, Any]]:
-    """One micro-batch of one bucket, its columns made by Spark as in the job: the events' payloads."""
-    rows = [(key, value, 0, offset) for offset, (key, value) in enumerate(records)]
-    raw = SparkSession.getActiveSession().createDataFrame(rows, "key binary, value binary, partition int, offset long")
-    frame = with_copy_identity(raw).toPandas()
-    handle.current = (bucket,)
-    out = pd.concat(processor.handleInputRows((bucket,), iter([frame]), _Clock()))  # type: ignore[arg-type]
-    return [json.loads(value)["payload"] for value in out["value"]]
+def run_task(processor: ChangeProcessor, call: Any, topic: str = f"{SERVER}.app.users") -> list[dict[str, Any]]:
+    """One task of one micro-batch: ``call``, then the task's end; the payloads of the events it committed."""
+    processor.init(processor.handle)
+    call()
+    processor.close()
+    processor.next_batch()  # type: ignore[attr-defined]
+    return [json.loads(value)["payload"] for value in processor.events.read(topic)]  # type: ignore[attr-defined]
+
+
+def run_batch(processor: ChangeProcessor, handle: _MemoryHandle, records: list[tuple[bytes, bytes]], group: int = 0,
+              topic: str = f"{SERVER}.app.users") -> list[dict[str, Any]]:
+    """One micro-batch of one group, its records in the rows as Spark's ``kafka`` format gives them."""
+    frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
+                          "partition": [0] * len(records), "offset": list(range(len(records)))})
+    handle.current = (group,)
+    return run_task(processor, lambda: list(processor.handleInputRows((group,), iter([frame]), _Clock())), topic)
 
 
 def test_replica_copies_give_one_event_whether_in_one_batch_or_several(processor: Any) -> None:
@@ -202,8 +231,7 @@ def test_a_timer_expires_its_partitions_and_keeps_the_others(processor: Any) -> 
     [timer] = handle.timers[(0,)]
     assert NOW // 1000 < timer <= NOW // 1000 + 6000
     handle.timers[(0,)].remove(timer)  # Spark drops a timer as it fires
-    expired = pd.concat(owner.handleExpiredTimer((0,), _Clock(timer), None))
-    events = [json.loads(value)["payload"] for value in expired["value"]]
+    events = run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
     assert [(e["op"], e["before"]["id"]) for e in events] == [("d", 1)]
     [purge] = handle.timers[(0,)]  # what the expired row left goes after gc_grace_seconds (10 days)
     assert purge > timer + 9 * 86_400_000
@@ -228,17 +256,87 @@ def test_a_table_without_a_definition_costs_one_schema_read_per_batch(processor:
     monkeypatch.setattr(change_processor.catalog, "refresh", lambda: reads.append(1) or refresh())
 
     def topics() -> list[str]:
-        rows = [(key, value, 0, offset) for offset, (key, value) in enumerate(records)]
-        raw = SparkSession.getActiveSession().createDataFrame(rows, "key binary, value binary, partition int, offset long")
-        handle.current = (0,)
-        out = pd.concat(change_processor.handleInputRows((0,), iter([with_copy_identity(raw).toPandas()]), _Clock()))
-        return list(out["topic"])
+        events = run_batch(change_processor, handle, records, topic=f"{SERVER}.app.late")
+        errors = change_processor.events.read(f"{SERVER}.errors")  # type: ignore[attr-defined]
+        return [f"{SERVER}.app.late"] * len(events) + [f"{SERVER}.errors"] * len(errors)
 
     assert topics() == [f"{SERVER}.errors"] * 3
-    assert len(reads) == 1
+    assert len(reads) == 2  # at the batch's start, and once for the run of records: not once per record
     record = SchemaRecord.of(late.table("app", "late"), "node1")
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     producer.produce(SERVER, record.encode(), record.key)
     producer.flush(30)
-    change_processor.init(handle)  # the next micro-batch
-    assert topics() == [f"{SERVER}.app.late"] * 3
+    assert topics() == [f"{SERVER}.app.late"] * 3  # the next micro-batch
+
+
+def test_a_damaged_copy_is_reported_and_never_hides_a_good_one(processor: Any) -> None:
+    change_processor, _ = processor
+    first, second, third = copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW))
+    events = run_batch(*processor, [(first[0], damaged(first[1])), second, (third[0], damaged(third[1]))])
+    assert [(e["op"], e["source"]["node"]) for e in events] == [("c", "node22")]
+    errors = [json.loads(value) for value in change_processor.events.read(f"{SERVER}.errors")]
+    assert [error["reason"] for error in errors] == ["raw record digest does not match its partition update bytes"] * 2
+
+
+def test_rows_naming_offset_ranges_are_read_from_the_raw_topic(processor: Any, broker: Any) -> None:
+    """With the Python source, the rows name offsets of the raw topic: the task reads them itself."""
+    change_processor, handle = processor
+    raw = f"{SERVER}.raw-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(raw, 2)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    writes = [Insert("app.users", {"id": i, "name": f"u{i}", "age": i}, timestamp=NOW) for i in range(4)]
+    for op in writes:
+        for key, value in copies(op):
+            producer.produce(raw, value, key, partition=1)
+    producer.produce(raw, b"not a raw record", b"k", partition=1)
+    assert producer.flush(30) == 0
+    change_processor.settings = dataclasses.replace(change_processor.settings, ranges=SourceOptions.parse(
+        {"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": raw, "emit": "offsetRanges"}))
+    # Two ranges of one partition, as two micro-batches would name them, given in one call out of order.
+    frame = pd.DataFrame({"topic": [raw, raw], "partition": [1, 1], "startOffset": [6, 0], "endOffset": [13, 6]})
+    handle.current = (1,)
+    events = run_task(change_processor, lambda: list(change_processor.handleInputRows((1,), iter([frame]), _Clock())))
+    assert [(e["op"], e["after"]["id"]) for e in events] == [("c", i) for i in range(4)]
+    [error] = change_processor.events.read(f"{SERVER}.errors")
+    assert json.loads(error)["value"] == base64.b64encode(b"not a raw record").decode()
+
+
+def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(processor: Any) -> None:
+    """Spark runs a batch again when the task, or the driver, failed after the events were committed but
+    before the state or the checkpoint were: the task merges again from the state before the batch, and
+    writes nothing, its events being committed already. A failed task's events are never seen."""
+    change_processor, handle = processor
+    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW)))
+    before = copy.deepcopy((handle.values, handle.timers))
+    replayed_batch = change_processor.batch_id
+    update = copies(Update("app.users", {"id": 1}, {"age": 31}, timestamp=NOW + 1))
+    assert [e["after"]["age"] for e in run_batch(*processor, update)] == [31]
+    handle.values, handle.timers = before  # the state store as it was before the batch
+    change_processor.batch_id = replayed_batch
+    assert run_batch(*processor, update) == []
+    events = run_batch(*processor, copies(Update("app.users", {"id": 1}, {"name": "bo"}, timestamp=NOW + 2)))
+    assert [(e["before"]["age"], e["after"]["age"], e["after"]["name"]) for e in events] == [(31, 31, "bo")]
+
+    # A task that fails half-way: what it produced is aborted; its retry writes everything once.
+    decode = change_processor._decode
+    calls = itertools.count()
+
+    def failing_decode(record: Any) -> Any:
+        if next(calls) == 1:
+            raise RuntimeError("the executor is lost")
+        return decode(record)
+
+    two = copies(Update("app.users", {"id": 1}, {"age": 40}, timestamp=NOW + 3)) \
+        + copies(Insert("app.users", {"id": 2, "name": "cy", "age": 5}, timestamp=NOW + 3))
+    before = copy.deepcopy((handle.values, handle.timers))
+    change_processor._decode = failing_decode  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="executor is lost"):
+        change_processor.init(handle)  # type: ignore[arg-type]
+        list(change_processor.handleInputRows((0,), iter([pd.DataFrame({
+            "key": [k for k, _ in two], "value": [v for _, v in two], "partition": [0] * 6,
+            "offset": list(range(6))})]), _Clock()))
+    assert change_processor.events.read(f"{SERVER}.app.users") == []
+    change_processor._decode = decode  # type: ignore[method-assign]
+    handle.values, handle.timers = before
+    events = run_batch(*processor, two)
+    assert [(e["op"], e["after"]["id"], e["after"]["age"]) for e in events] == [("u", 1, 40), ("c", 2, 5)]

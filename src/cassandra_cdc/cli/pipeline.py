@@ -28,14 +28,14 @@ def pipeline(
     runs under spark-submit (see the README). Stops cleanly on Ctrl-C or after --duration.
     """
     from ..pipeline.config import load_config
-    from ..pipeline.job import check_state_layout, run
+    from ..pipeline.job import check_checkpoint, run
 
     configure_logging(log_level)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
                  "output.format": format, "spark.master": master}
     try:
         settings = load_config(config, overrides)
-        check_state_layout(settings)
+        check_checkpoint(settings)
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2)

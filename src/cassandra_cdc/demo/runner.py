@@ -248,7 +248,6 @@ class Demo:
             "kafka": {"bootstrap_servers": self.broker.bootstrap_servers, "max_offsets_per_trigger": 5000,
                       "events_topic_partitions": 3},
             "spark": {"master": "local[2]", "shuffle_partitions": 2, "trigger_interval": "500 milliseconds"},
-            "state": {"buckets": 8},
         })
         self.pipeline = ChildProcess("pipeline", ["pipeline", "--config", str(config)],
                                      self.workdir / "logs" / "pipeline.log", ready_marker="pipeline running")

@@ -29,10 +29,6 @@ class KafkaSettings(_Section):
         "auto", description="Read Kafka with Spark's built-in 'kafka' format (needs its jar), the Python data "
                             "source over confluent-kafka, or 'auto': the built-in one when its jar is there.")
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="Raw records per micro-batch at most.")
-    read_tasks: int | None = Field(None, ge=1, description="Read tasks per micro-batch at most, with the Python "
-                                                          "source (the raw topic's partitions are grouped into "
-                                                          "them; each task costs Spark 0.1-0.3 s). Default: "
-                                                          "Spark's default parallelism (the cores).")
     starting_offsets: Literal["earliest", "latest"] = Field("earliest", description="Where a new query starts.")
     consumer: dict[str, Any] = Field(default_factory=dict, description="Extra consumer settings (security).")
     producer: dict[str, Any] = Field(default_factory=dict, description="Extra producer settings (security).")
@@ -41,15 +37,10 @@ class KafkaSettings(_Section):
 class SparkSettings(_Section):
     master: str | None = Field(None, description="Spark master; default local[2]. Ignored under spark-submit, "
                                                  "which sets its own.")
-    shuffle_partitions: int = Field(2, ge=1, description="State store partitions (fixed once a checkpoint exists).")
+    shuffle_partitions: int = Field(2, ge=1, description="State store partitions, i.e. the tasks that merge in "
+                                                         "parallel (fixed once a checkpoint exists).")
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
-
-
-class StateSettings(_Section):
-    buckets: int = Field(64, ge=1, description="Partition keys are grouped into this many state buckets (each "
-                                               "read and written once per micro-batch). Fixed once a checkpoint "
-                                               "exists.")
 
 
 class OutputSettings(_Section):
@@ -67,7 +58,6 @@ class PipelineConfig(ServerTopics, _Section):
     checkpoint: Path = Field(..., description="Spark checkpoint directory (offsets and merge state).")
     kafka: KafkaSettings
     spark: SparkSettings = Field(default_factory=SparkSettings)
-    state: StateSettings = Field(default_factory=StateSettings)
     output: OutputSettings = Field(default_factory=OutputSettings)
 
     @property

@@ -13,14 +13,16 @@ import threading
 import time
 from pathlib import Path
 
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from .config import ConfigError, PipelineConfig
-from .processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings, with_copy_identity
-from .sink import KafkaAtLeastOnceSink, KafkaTransactionalSink
-from .source import KafkaDataSource
+from .processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
+from .sink import SinkSettings
+from .source import KafkaDataSource, SourceOptions
 from .spark import kafka_format_available, spark_session
 
 log = logging.getLogger(__name__)
@@ -28,101 +30,137 @@ log = logging.getLogger(__name__)
 QUERY_NAME = "cassandra-cdc"
 
 
-def read_raw(spark: SparkSession, config: PipelineConfig) -> DataFrame:
-    """The raw topic as a stream, through Spark's ``kafka`` format when its jar is there, else ours."""
+# Raw topic partitions the job can group by; the agents' default is 12.
+MAX_RAW_PARTITIONS = 1024
+METADATA_TIMEOUT = 30.0
+
+
+def read_raw(spark: SparkSession, config: PipelineConfig) -> tuple[DataFrame, SourceOptions | None]:
+    """The raw topic as a stream: records through Spark's ``kafka`` format when its jar is there, else
+    offset ranges through ours (the processor then reads the records itself, with the options returned)."""
     kafka = config.kafka
     builtin = kafka.source == "kafka" or (kafka.source == "auto" and kafka_format_available(spark))
+    options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "subscribe": config.raw_topic,
+               "startingOffsets": kafka.starting_offsets, "maxOffsetsPerTrigger": str(kafka.max_offsets_per_trigger),
+               **{f"kafka.{name}": str(value) for name, value in kafka.consumer.items()}}
     if builtin:
-        reader = spark.readStream.format("kafka")
+        reader, columns, ranges = spark.readStream.format("kafka"), ["key", "value", "partition", "offset"], None
     else:
         spark.dataSource.register(KafkaDataSource)
-        read_tasks = kafka.read_tasks or spark.sparkContext.defaultParallelism
-        reader = spark.readStream.format(KafkaDataSource.name()).option("maxPartitions", str(read_tasks))
-    reader = (reader.option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-              .option("subscribe", config.raw_topic)
-              .option("startingOffsets", kafka.starting_offsets)
-              .option("maxOffsetsPerTrigger", str(kafka.max_offsets_per_trigger)))
-    for name, value in kafka.consumer.items():
-        reader = reader.option(f"kafka.{name}", str(value))
+        options["emit"] = "offsetRanges"
+        reader, columns = spark.readStream.format(KafkaDataSource.name()), ["partition", "startOffset", "endOffset"]
+        ranges = SourceOptions.parse(options)
     log.info("reading %s with the %s Kafka source", config.raw_topic, "built-in" if builtin else "Python")
-    return reader.load().select("key", "value", "partition", "offset")
+    return reader.options(**options).load().select(*columns), ranges
 
 
 def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
-    """Events (``topic``, ``key``, ``value``) from the raw records, merged per partition key."""
+    """The merge of the raw records per partition key, which writes the change events to Kafka itself.
+
+    The result has no rows; running it (any sink) runs the pipeline."""
+    raw, ranges = read_raw(spark, config)
+    kafka = config.kafka
+    sink = SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
+                        tuple(sorted(kafka.producer.items())), kafka.events_topic_partitions)
     settings = ProcessorSettings(
-        server=config.server, cluster=config.cluster_name, bootstrap_servers=config.kafka.bootstrap_servers,
+        server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
         schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
         schema_registry_url=config.output.schema_registry_url, tombstones=config.output.tombstones,
-        consumer=tuple(sorted(config.kafka.consumer.items())))
-    raw = with_copy_identity(read_raw(spark, config))
-    keys = balanced_bucket_keys(spark, config.state.buckets, config.spark.shuffle_partitions)
-    bucket = F.element_at(F.array(*(F.lit(key) for key in keys)).cast("array<bigint>"),
-                          (F.pmod(F.xxhash64("key"), F.lit(len(keys))) + 1).cast("int"))
-    return raw.withColumn("bucket", bucket).groupBy("bucket").transformWithStateInPandas(
+        consumer=tuple(sorted(kafka.consumer.items())), sink=sink, ranges=ranges)
+    keys = balanced_group_keys(spark, MAX_RAW_PARTITIONS, config.spark.shuffle_partitions)
+    # One SQL literal, not an expression per key: each of those would be a call into the JVM.
+    group = F.element_at(F.expr(f"array({', '.join(f'{key}L' for key in keys)})"), (F.col("partition") + 1).cast("int"))
+    return raw.withColumn("group", group).groupBy("group").transformWithStateInPandas(
         ChangeProcessor(settings), OUTPUT_SCHEMA, "Update", "ProcessingTime")
 
 
-def balanced_bucket_keys(spark: SparkSession, buckets: int, partitions: int) -> list[int]:
-    """The grouping key of each state bucket, chosen so that the state partitions get equal shares.
+def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> list[int]:
+    """The grouping key of each raw topic partition, chosen so that the state partitions get equal shares.
 
-    Spark places a grouping key in partition ``pmod(hash(key), partitions)``: bucket numbers used as
-    keys land unevenly (16 buckets over 2 partitions: 7 and 9; 8 buckets: 3 and 5), and the fullest
-    partition sets the pace of every micro-batch. Bucket ``b`` gets the smallest unused key that Spark
-    places in partition ``b % partitions``, asked of Spark itself so as to follow its hash exactly.
+    Spark places a grouping key in partition ``pmod(hash(key), partitions)``: partition numbers used as
+    keys land unevenly (12 over 2 state partitions: 7 and 5), and the fullest state partition sets the
+    pace of every micro-batch. Group ``g`` gets the smallest unused key that Spark places in partition
+    ``g % partitions``, asked of Spark itself so as to follow its hash exactly.
     """
-    wanted = -(-buckets // partitions)  # keys per partition
+    wanted = -(-groups // partitions)  # keys per partition
     candidates = spark.range(8 * wanted * partitions).select(
         "id", F.pmod(F.hash("id"), F.lit(partitions)).alias("partition")).collect()
     by_partition: dict[int, list[int]] = {}
     for row in candidates:
         by_partition.setdefault(row.partition, []).append(row.id)
     if any(len(by_partition.get(partition, ())) < wanted for partition in range(partitions)):
-        raise RuntimeError(f"cannot spread {buckets} state buckets over {partitions} partitions")
-    return [by_partition[bucket % partitions][bucket // partitions] for bucket in range(buckets)]
+        raise RuntimeError(f"cannot spread {groups} groups over {partitions} partitions")
+    return [by_partition[group % partitions][group // partitions] for group in range(groups)]
 
 
 STATE_LAYOUT_FILE = "cassandra-cdc-state.json"
-STATE_LAYOUT_VERSION = 2  # 2: buckets keyed by balanced_bucket_keys; 1 (no file): by bucket number
+# 3: grouped by raw topic partition (balanced_group_keys); 2: by hash bucket; 1 (no file): by bucket number
+STATE_LAYOUT_VERSION = 3
 
 
-def check_state_layout(config: PipelineConfig) -> None:
+def check_state_layout(config: PipelineConfig, raw_partitions: int | None) -> None:
     """Refuse a checkpoint whose state was laid out otherwise than this job would read it.
 
-    The number of buckets, the number of state partitions and the way records map to buckets are
-    fixed once a checkpoint has state: with others, the merge would start from missing state and emit
-    wrong events. A new checkpoint records them.
+    Each raw topic partition's partition keys are one group of the state, placed in one of the
+    ``spark.shuffle_partitions`` state partitions. Both are fixed once a checkpoint has state: with
+    other placements, the merge would start from missing state and emit wrong events. A partition added
+    to the raw topic moves partition keys to other raw partitions, hence other groups, the same way.
+    A new checkpoint records the layout (the raw topic's partitions once the topic exists).
     """
     checkpoint = Path(config.checkpoint)
-    layout = {"version": STATE_LAYOUT_VERSION, "state.buckets": config.state.buckets,
-              "spark.shuffle_partitions": config.spark.shuffle_partitions}
+    layout = {"version": STATE_LAYOUT_VERSION, "spark.shuffle_partitions": config.spark.shuffle_partitions,
+              "raw_topic.partitions": raw_partitions}
     recorded_file = checkpoint / STATE_LAYOUT_FILE
     if recorded_file.exists():
         recorded = json.loads(recorded_file.read_text())
-        changed = [f"{name} {recorded.get(name)} → {value}" for name, value in layout.items() if recorded.get(name) != value]
-        if changed:
-            raise ConfigError(f"checkpoint {checkpoint} was written with other state settings ({', '.join(changed)}): "
-                              "keep them, or start a new checkpoint")
-        return
-    if any((checkpoint / "offsets").glob("[0-9]*")):
+    elif any((checkpoint / "offsets").glob("[0-9]*")):
+        recorded = {"version": 1}
+    else:
+        recorded = {name: value for name, value in layout.items() if name != "raw_topic.partitions"}
+    if recorded.get("version") != STATE_LAYOUT_VERSION:
         raise ConfigError(f"checkpoint {checkpoint} was written by an earlier version of the pipeline, whose merge "
                           "state this one cannot read: start a new checkpoint (and bootstrap the tables again)")
+    if recorded.get("raw_topic.partitions") is None:
+        recorded["raw_topic.partitions"] = raw_partitions  # the raw topic is there now, or still is not
+    changed = [f"{name} {recorded.get(name)} → {value}" for name, value in layout.items()
+               if value is not None and recorded.get(name) != value]
+    if changed:
+        raise ConfigError(f"checkpoint {checkpoint} holds state laid out for other settings ({', '.join(changed)}): "
+                          "keep them, or start a new checkpoint (and bootstrap the tables again)")
     checkpoint.mkdir(parents=True, exist_ok=True)
-    recorded_file.write_text(json.dumps(layout))
+    recorded_file.write_text(json.dumps(recorded))
+
+
+def raw_topic_partitions(config: PipelineConfig) -> int | None:
+    """How many partitions the raw topic has; None when it does not exist (yet)."""
+    settings = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.consumer}
+    metadata = AdminClient(settings).list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
+    if metadata.error is not None:
+        if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise ConfigError(f"cannot read the metadata of the raw topic {config.raw_topic}: {metadata.error.str()}")
+    count = len(metadata.partitions)
+    if count > MAX_RAW_PARTITIONS:
+        raise ConfigError(f"the raw topic {config.raw_topic} has {count} partitions; the pipeline reads at most "
+                          f"{MAX_RAW_PARTITIONS}")
+    return count
+
+
+def check_checkpoint(config: PipelineConfig) -> None:
+    """What ``start`` checks before it starts the query (the CLI calls it before Spark starts)."""
+    try:
+        partitions = raw_topic_partitions(config)
+    except KafkaException as error:
+        raise ConfigError(f"cannot reach Kafka at {config.kafka.bootstrap_servers}: {error}") from error
+    check_state_layout(config, partitions)
 
 
 def start(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
-    check_state_layout(config)
-    kafka = config.kafka
-    if config.output.exactly_once:
-        sink = KafkaTransactionalSink(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, kafka.producer,
-                                      topic_partitions=kafka.events_topic_partitions)
-    else:
-        sink = KafkaAtLeastOnceSink(kafka.bootstrap_servers, kafka.producer,
-                                    topic_partitions=kafka.events_topic_partitions)
+    check_checkpoint(config)
     return (change_events(spark, config).writeStream
             .queryName(QUERY_NAME)
-            .foreachBatch(sink.write_batch)
+            .format("noop")
+            .outputMode("update")
             .option("checkpointLocation", str(config.checkpoint))
             .trigger(processingTime=config.spark.trigger_interval)
             .start())

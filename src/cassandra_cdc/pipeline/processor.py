@@ -2,21 +2,31 @@
 
 PySpark's stateful APIs cost about half a millisecond per grouping key and per state access
 (platform-notes.md), so grouping by partition key would cap the pipeline at a few thousand records
-per second. Records are instead grouped by a hash bucket of their Kafka key: one call per bucket per
-micro-batch, one state read and one state write per bucket, and all of a bucket's partitions merged
-in one pass over its records (which arrive as Arrow-backed pandas frames).
+per second. Records are instead grouped by raw topic partition (the agents key the topic by partition
+key): one call per raw partition per micro-batch, one state read and one state write, and all of its
+partition keys merged in one pass over its records.
+
+The records reach the processor in one of two ways. With the Python source they are not in the rows
+at all: each row names a range of offsets of one raw topic partition (``emit=offsetRanges`` in
+source.py), and the processor reads the range itself, so that no record is converted to Arrow, shuffled
+or handed between the JVM and Python. With Spark's ``kafka`` format the rows are the records. Either
+way, the grouping key is the raw topic partition (all records of a partition key are in one), and
+records are merged in offset order.
+
+The events are written to Kafka by the processor itself, as it makes them, in one transaction per task
+(sink.py) committed in ``close``, after the task's last input and timer and before Spark commits the
+state store. Spark's output of the operator is empty.
 
 What a record costs in Python is kept to what only Python can do (decode, merge, encode):
 
-* Replica copies never reach the merge. ``with_copy_identity`` takes each record's digest from its
-  fixed place in the header and checks it against the update bytes natively (in the JVM);
-  ``drop_replica_copies`` then keeps the first intact record of each (key, digest) of the batch,
-  vectorised. Copies in different batches are skipped by the recent digests kept in the state.
-* The state of a bucket maps each partition key to its next expiry and its pickled merge state
+* Replica copies are not merged again: a partition's state keeps the digests of its recent updates
+  (the copies of one write are the same update bytes, so the same digest), and a copy costs the
+  header's decode and digest check only.
+* The state of a group maps each partition key to its next expiry and its pickled merge state
   (see ``merge.py``): a batch unpickles and pickles again only the partitions it touches, and sets
-  the bucket's timer from the stored expiries.
+  the group's timer from the stored expiries.
 
-TTL expiry: each bucket registers a processing-time timer at its earliest expiry; when it fires, the
+TTL expiry: each group registers a processing-time timer at its earliest expiry; when it fires, the
 expired cells and rows are removed and the resulting update or delete events emitted. The timer
 values come from the batch's timestamp in Spark's offset log, so a replayed batch decides alike.
 """
@@ -35,55 +45,25 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pandas as pd
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
-from pyspark.sql.types import BinaryType, StringType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from ..commitlog import PartitionUpdateSerializer
 from ..commitlog.errors import MutationDecodeError
 from ..commitlog.io import DataInput, EndOfData
 from ..schema import TableMetadata
-from ..topics.raw import DIGEST_OFFSET, DIGEST_SIZE, FORMAT_VERSION, HEADER_SIZE, RawRecord, RawRecordError
+from ..topics.raw import DIGEST_OFFSET, DIGEST_SIZE, RawRecord, RawRecordError
 from .catalog import SchemaCatalog
 from .events import EventEncoder, Format, SchemaRegistry, Source
 from .merge import PartitionState, RowChange, apply_update, expire, next_expiry
+from .sink import SinkSettings, Task, TaskSink, task_sink
+from .source import OffsetRange, SourceOptions, read_range
 
 log = logging.getLogger(__name__)
 
-OUTPUT_SCHEMA = StructType([StructField("topic", StringType()), StructField("key", BinaryType()),
-                            StructField("value", BinaryType())])
+OUTPUT_SCHEMA = StructType([StructField("events", LongType())])  # never output: the events go to Kafka from here
 _STATE_SCHEMA = StructType([StructField("partitions", BinaryType())])
-_NODE_ID_LENGTH_OFFSET = 3  # docs/raw-records.md: the node id, then the partition update, follow the header
-
-
-def with_copy_identity(raw: DataFrame) -> DataFrame:
-    """The raw records with what ``ChangeProcessor`` needs to drop replica copies without decoding them.
-
-    ``digest``: the MD5 of the partition update, from its fixed place in the header. ``intact``: the
-    format version is known and the digest matches the update bytes, checked natively in the JVM. Only
-    intact records are dropped as copies, so that a damaged record never hides the good copy of its
-    write (it goes on to be reported as damaged).
-    """
-    value = F.col("value")
-    node_id_length = F.conv(F.hex(F.substring(value, _NODE_ID_LENGTH_OFFSET + 1, 1)), 16, 10).cast("int")
-    update = value.substr(node_id_length + HEADER_SIZE + 1, F.length(value))
-    digest = F.substring(value, DIGEST_OFFSET + 1, DIGEST_SIZE)
-    intact: Column = ((F.substring(value, 1, 1) == F.lit(bytes([FORMAT_VERSION])))
-                      & (F.md5(update) == F.lower(F.hex(digest))))
-    return raw.withColumn("digest", digest).withColumn("intact", F.coalesce(intact, F.lit(False)))
-
-
-def drop_replica_copies(batch: pd.DataFrame) -> pd.DataFrame:
-    """All but the first (in offset order) of the intact records with the same key and digest.
-
-    The replicas' copies of one write are the same update bytes, published under the same key, so to
-    the same Kafka partition: dropping them here, vectorised, means each write is decoded and merged
-    once. Copies in different micro-batches are caught by the merge state's recent digests.
-    """
-    copies = batch["intact"].to_numpy(dtype=bool) & batch.duplicated(["key", "digest", "intact"]).to_numpy()
-    return batch[~copies]
 
 
 @dataclass(frozen=True)
@@ -97,6 +77,8 @@ class ProcessorSettings:
     schema_registry_url: str | None = None
     tombstones: bool = False
     consumer: tuple[tuple[str, Any], ...] = ()
+    sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
+    ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
 
 
 class ChangeProcessor(StatefulProcessor):
@@ -115,57 +97,97 @@ class ChangeProcessor(StatefulProcessor):
         registry = SchemaRegistry(self.settings.schema_registry_url) if self.settings.schema_registry_url else None
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}
+        self._sink: TaskSink | None = None  # opened by the task's first event
 
     # --- Spark callbacks --------------------------------------------------------------------------
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        frames = list(rows)
-        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        # Records of one partition key come from one Kafka partition: its offsets give their order.
-        batch = drop_replica_copies(batch.sort_values(["partition", "offset"], kind="stable"))
-        out = _Output()
-        with _collector_paused():
+        with self._aborted_on_failure(), _collector_paused():
             partitions = self._load()
-            for record_key, value in zip(batch["key"].tolist(), batch["value"].tolist()):
-                self._apply(partitions, record_key, value, now_ms, out)
+            for record_key, value in self._records(rows):
+                self._apply(partitions, record_key, value, now_ms)
             self._save(partitions, now_ms)
-        yield out.frame()
+        return iter(())
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
                            expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        partitions = self._load()
-        out = _Output()
         now_seconds = now_ms // 1000
-        for record_key, state in partitions.due(now_seconds):
-            expiry = next_expiry(state)
-            if expiry is None or expiry > now_seconds:
-                continue  # the stored expiry was early: what it was for was deleted since
-            found = self.catalog.table(record_key[:16])
-            if found is None:
-                continue
-            table, version = found
-            changes = expire(state, table, now_seconds)
-            source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name,
-                            expiry * 1_000_000, False, None, None, None)
-            self._emit(table, version, changes, source, False, now_ms, out)
-            if state.is_empty():
-                partitions.remove(record_key)
-        self._save(partitions, now_ms)
-        yield out.frame()
+        with self._aborted_on_failure():
+            partitions = self._load()
+            for record_key, state in partitions.due(now_seconds):
+                expiry = next_expiry(state)
+                if expiry is None or expiry > now_seconds:
+                    continue  # the stored expiry was early: what it was for was deleted since
+                found = self.catalog.table(record_key[:16])
+                if found is None:
+                    continue
+                table, version = found
+                changes = expire(state, table, now_seconds)
+                source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name,
+                                expiry * 1_000_000, False, None, None, None)
+                self._emit(table, version, changes, source, False, now_ms)
+                if state.is_empty():
+                    partitions.remove(record_key)
+            self._save(partitions, now_ms)
+        return iter(())
 
     def close(self) -> None:
-        pass
+        """The task's end: its events committed to Kafka before Spark commits the state store."""
+        if self._sink is not None:
+            with self._aborted_on_failure():
+                self._sink.commit()
+            self._sink = None
+
+    # --- input and output -------------------------------------------------------------------------
+
+    def _records(self, rows: Iterator[pd.DataFrame]) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` of the group's raw records in offset order, read from Kafka when the rows
+        name offset ranges."""
+        frames = list(rows)
+        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        ranges = self.settings.ranges
+        if ranges is None:
+            batch = batch.sort_values(["partition", "offset"], kind="stable")
+            yield from zip(batch["key"].tolist(), batch["value"].tolist())
+            return
+        for partition, start, end in sorted(zip(batch["partition"].tolist(), batch["startOffset"].tolist(),
+                                                batch["endOffset"].tolist())):
+            for messages in read_range(ranges, OffsetRange(partition, start, end)):
+                for message in messages:
+                    yield message.key(), message.value()
+
+    def _output(self) -> TaskSink:
+        if self._sink is None:
+            if self.settings.sink is None:
+                raise RuntimeError("this processor has no sink settings: it cannot write events")
+            self._sink = task_sink(self.settings.sink, Task.current())
+        return self._sink
+
+    @contextlib.contextmanager
+    def _aborted_on_failure(self) -> Iterator[None]:
+        """A task that fails leaves nothing committed: its retry writes everything again."""
+        try:
+            yield
+        except BaseException:
+            if self._sink is not None:
+                self._sink.abort()
+                self._sink = None
+            raise
+
+    def _error(self, record_key: bytes, value: bytes, reason: str) -> None:
+        report = {"reason": reason, "key": base64.b64encode(record_key).decode(),
+                  "value": base64.b64encode(value).decode(), "ts_ms": int(time.time() * 1000)}
+        self._output().produce(self.settings.errors_topic, record_key, json.dumps(report).encode())
 
     # --- merging ----------------------------------------------------------------------------------
 
-    def _apply(self, partitions: "_Partitions", record_key: bytes, value: bytes, now_ms: int,
-               out: "_Output") -> None:
+    def _apply(self, partitions: "_Partitions", record_key: bytes, value: bytes, now_ms: int) -> None:
         try:
             record = RawRecord.decode(value)
         except RawRecordError as error:
-            out.error(self.settings.errors_topic, record_key, value, str(error))
+            self._error(record_key, value, str(error))
             return
         state = partitions.get(record_key)
         digest = value[DIGEST_OFFSET:DIGEST_OFFSET + DIGEST_SIZE]  # checked against the update by decode: no MD5 again
@@ -173,7 +195,7 @@ class ChangeProcessor(StatefulProcessor):
             return  # another replica's copy of an update already merged
         table_version = self._decode(record)
         if isinstance(table_version, str):
-            out.error(self.settings.errors_topic, record_key, value, table_version)
+            self._error(record_key, value, table_version)
             return
         table, version, update = table_version
         if state is None:
@@ -181,7 +203,7 @@ class ChangeProcessor(StatefulProcessor):
         changes = apply_update(state, update, table, now_ms // 1000, digest)
         source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name, record.write_time,
                         record.snapshot, record.node_id, record.segment_id, record.position)
-        self._emit(table, version, changes, source, record.snapshot, now_ms, out)
+        self._emit(table, version, changes, source, record.snapshot, now_ms)
 
     def _decode(self, record: RawRecord) -> tuple[TableMetadata, str, Any] | str:
         """The record's table and decoded partition update, or the reason it cannot be decoded.
@@ -212,9 +234,10 @@ class ChangeProcessor(StatefulProcessor):
                           f"{self.settings.schema_topic}")
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
-              now_ms: int, out: "_Output") -> None:
+              now_ms: int) -> None:
         if not changes:
             return
+        out = self._output()
         encoder = self._encoders.get((table.id, version))
         if encoder is None:
             encoder = self._encoders[(table.id, version)] = EventEncoder(self.settings.server, table,
@@ -228,9 +251,9 @@ class ChangeProcessor(StatefulProcessor):
             else:
                 op = "u"
             key = encoder.key(after if after is not None else before)  # type: ignore[arg-type]
-            out.add(encoder.topic, key, encoder.value(before, after, op, source, now_ms))
+            out.produce(encoder.topic, key, encoder.value(before, after, op, source, now_ms))
             if op == "d" and self.settings.tombstones:
-                out.add(encoder.topic, key, None)
+                out.produce(encoder.topic, key, None)
 
     # --- state ------------------------------------------------------------------------------------
 
@@ -273,9 +296,9 @@ def _collector_paused() -> Iterator[None]:
 
 
 class _Partitions:
-    """The merge states of one bucket's partitions, each pickled on its own, its next expiry beside it.
+    """The merge states of one group's partitions, each pickled on its own, its next expiry beside it.
 
-    A micro-batch touches some of a bucket's partitions: only those are unpickled and pickled again,
+    A micro-batch touches some of a group's partitions: only those are unpickled and pickled again,
     the others stay bytes (copied, never decoded), and timers are set from the stored expiries.
     """
 
@@ -306,7 +329,7 @@ class _Partitions:
         return [(key, self.get(key)) for key in keys]  # type: ignore[misc]
 
     def dump(self) -> bytes | None:
-        """The bucket's state value with the opened partitions pickled again; None when it has none."""
+        """The group's state value with the opened partitions pickled again; None when it has none."""
         for key, state in self._opened.items():
             stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
             self._stored[key] = (next_expiry(state), stored)
@@ -315,27 +338,3 @@ class _Partitions:
 
     def earliest_expiry(self) -> int | None:
         return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)
-
-
-class _Output:
-    """Events and dead letters of one call, returned as one frame."""
-
-    def __init__(self) -> None:
-        self.topics: list[str] = []
-        self.keys: list[bytes] = []
-        self.values: list[bytes | None] = []
-
-    def add(self, topic: str, key: bytes, value: bytes | None) -> None:
-        self.topics.append(topic)
-        self.keys.append(key)
-        self.values.append(value)
-
-    def error(self, topic: str, key: bytes, value: bytes, reason: str) -> None:
-        report = {"reason": reason, "key": base64.b64encode(key).decode(), "value": base64.b64encode(value).decode(),
-                  "ts_ms": int(time.time() * 1000)}
-        self.add(topic, key, json.dumps(report).encode())
-
-    def frame(self) -> pd.DataFrame:
-        # Object columns even when empty: an empty list would become float64, which Arrow cannot send.
-        return pd.DataFrame({"topic": pd.Series(self.topics, dtype=object), "key": pd.Series(self.keys, dtype=object),
-                             "value": pd.Series(self.values, dtype=object)})

@@ -1,26 +1,29 @@
-"""Writing a streaming query's output to Kafka: exactly once with transactions, or at least once.
+"""Writing a task's events to Kafka from the task that makes them: exactly once with transactions, or at
+least once.
 
-Both sinks take micro-batches of ``topic string, key binary, value binary`` (events already serialized)
-and are used with ``foreachBatch``::
+The stateful processor (processor.py) writes the events of each task of each micro-batch itself, as it
+makes them, instead of handing them to Spark for a separate sink stage::
 
-    sink = KafkaTransactionalSink("127.0.0.1:9092", commit_topic="cdc.sink-commits", query_name="cdc-merge",
-                                  topic_partitions=6)
-    events.writeStream.foreachBatch(sink.write_batch).option("checkpointLocation", ...).start()
+    sink = task_sink(SinkSettings("127.0.0.1:9092", commit_topic="cdc.pipeline-commits"), Task.current())
+    sink.produce("cdc.shop.orders", key, value)       # any number of times
+    sink.commit()                                      # at the end of the task (``abort()`` when it fails)
 
-``producer_config`` adds librdkafka producer settings (security, ``transaction.timeout.ms``...);
+``producer`` adds librdkafka producer settings (security, ``transaction.timeout.ms``...);
 ``topic_partitions`` makes the tasks create the topics they write to that do not exist yet, with that
 many partitions (None: the topics must exist, or the broker creates them on its own terms).
 
-``KafkaTransactionalSink``: exactly once for ``isolation.level=read_committed`` consumers
-------------------------------------------------------------------------------------------
-Each Spark partition ``p`` of batch ``b`` is written by one task in one Kafka transaction
+Exactly once (``exactly_once=True``): for ``isolation.level=read_committed`` consumers
+------------------------------------------------------------------------------------
+The task for state partition ``p`` of batch ``b`` writes in one Kafka transaction
 (``transactional.id = "<query_name>-<p>"``) that holds its records *and* a marker record keyed
-``"<query_name>-<p>"`` with value ``{"batch_id": b, ...}`` in the compacted ``commit_topic``. Before
-writing, the task registers its transactional id (which fences an older attempt still running with the
-same id and completes or aborts its open transaction), then reads the last committed marker of its key
-(read_committed, incrementally, cached per Python worker): if it is ``>= b``, the partition was already
-committed before a crash and the task writes nothing. So when Spark replays a batch (a failed task, a
-driver restart between the write and the checkpoint's commit log), every partition is committed once.
+``"<query_name>-<p>"`` with value ``{"batch_id": b, ...}`` in the compacted ``commit_topic``. The task
+commits the transaction when it has processed all its input, before Spark commits its state store.
+Before its first record, the task reads the last committed marker of its key (read_committed,
+incrementally, cached per Python worker): if it is ``>= b``, the partition was already committed before
+a crash, and the task writes nothing (it still merges, to rebuild the state Spark did not commit).
+Otherwise it registers its transactional id, which fences an older attempt still running with the
+same id and completes or aborts its open transaction. So when Spark replays a batch (a failed task, a
+driver restart between the commit and the checkpoint's commit log), every partition is committed once.
 A Python worker keeps its registered producers for the next batches, as long as no other process
 committed under their id meanwhile (see ``_TransactionalProducer``).
 
@@ -34,22 +37,17 @@ What consumers get:
 
 What it relies on:
 
-- The partition -> task mapping of a replayed batch must be the same as the first time, with the same
-  records in each partition. It holds when the DataFrame comes straight out of a stateful operator's
-  shuffle (a fixed number of partitions, fixed in the checkpoint; rows placed by key hash, state
-  restored to the same version) or of a source with deterministic partitions (``cdc-kafka``: one per
-  Kafka partition with data). It does not hold after ``repartition(n)`` without keys or any other
-  non-deterministic step: a row could then move from a committed partition to a replayed one
-  (duplicate) or the other way (loss).
+- A replayed task must make the same records as the first attempt. It does: its input is the same
+  offsets of the raw topic (fixed in Spark's offset log), its state the same version of the state
+  store, and its clock the batch's timestamp from the offset log.
 - Values computed at write time differ between attempts. An event's ``ts_ms`` (the time the job built
-  it) is that of the attempt that committed: a replayed batch whose partition was already committed
-  keeps its first ``ts_ms``; aborted attempts' events, with other ``ts_ms`` values, are seen only by
-  read_uncommitted consumers. Deduplicate on the event's source position, never on ``ts_ms``.
+  it) is that of the attempt that committed. Deduplicate on the event's source position, never on
+  ``ts_ms``.
 - ``query_name`` names one checkpoint: markers also carry the streaming query's id (kept in the
   checkpoint), and markers of another query id are ignored, so a new checkpoint under the same name
   writes from batch 0 again (with the duplicates any reprocessing implies) instead of skipping batches.
-- The whole partition must be written within ``transaction.timeout.ms`` (60 s by default here);
-  bound the batch size (``maxOffsetsPerTrigger``) accordingly.
+- The whole task must be written within ``transaction.timeout.ms`` (60 s by default here); bound the
+  batch size (``maxOffsetsPerTrigger``) accordingly.
 - Plain Kafka protocol only (transactions since Kafka 0.11, KIP-98). The commit topic is created
   (1 partition, ``cleanup.policy=compact``) if it does not exist.
 
@@ -61,10 +59,11 @@ partition for aborted ones and skips them when they come in a later fetch respon
 marker. After a failed task, its transactional id's later output can thus be hidden from
 read_committed readers on noida-db, and this sink's own marker lookups can miss markers (a replay in
 another process then writes the partition again: at least once). Not an issue with Kafka; on noida-db
-use ``KafkaAtLeastOnceSink`` where a run includes failures. tests/test_pipeline_io.py tracks the bug.
+use ``exactly_once=False`` where a run includes failures. tests/test_pipeline_io.py tracks the bug.
 
-``KafkaAtLeastOnceSink``: each task produces with an idempotent producer (``acks=all``), flushes, and
-fails if any record was not delivered; a replayed batch is written again (duplicates).
+At least once (``exactly_once=False``): each task produces with an idempotent producer (``acks=all``)
+kept by its worker, and at its end flushes and fails if any record was not delivered; a replayed task
+writes again (duplicates).
 """
 
 from __future__ import annotations
@@ -72,87 +71,40 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterator
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
-import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import TaskContext
-from pyspark.sql import DataFrame
 
 from .source import consume_range
 
 log = logging.getLogger(__name__)
 
-INPUT_COLUMNS = ("topic", "key", "value")
-RESULT_SCHEMA = "partition int, records long, skipped boolean"
-_RESULT_ARROW = pa.schema([("partition", pa.int32()), ("records", pa.int64()), ("skipped", pa.bool_())])
-# The streaming query's id (kept in its checkpoint), a local property of every job it runs.
+# Local properties Spark sets on every job of a streaming query's micro-batch.
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
 TIMEOUT = 60.0
 COMMIT_ATTEMPTS = 3
 
 
 class SinkError(RuntimeError):
-    """A micro-batch could not be written; Spark retries the task or fails the query."""
+    """A task's records could not be written; Spark retries the task or fails the query."""
 
 
 @dataclass(frozen=True)
-class BatchReport:
-    """What ``write_batch`` did: records written, and partitions skipped as already committed."""
-    batch_id: int
-    records: int
-    partitions_written: list[int] = field(default_factory=list)
-    partitions_skipped: list[int] = field(default_factory=list)
+class SinkSettings:
+    bootstrap_servers: str
+    commit_topic: str
+    query_name: str = "cassandra-cdc"
+    exactly_once: bool = True
+    producer: tuple[tuple[str, Any], ...] = ()  # extra librdkafka settings, as pairs: the settings are hashable
+    topic_partitions: int | None = None
 
-
-class _KafkaSink:
-    """What both sinks share: settings, the driver side of a batch, and the record loop of a task."""
-
-    def __init__(self, bootstrap_servers: str, producer_config: dict[str, Any] | None = None, *,
-                 topic_partitions: int | None = None) -> None:
-        self.bootstrap_servers = bootstrap_servers
-        self.producer_config = dict(producer_config or {})
-        self.topic_partitions = topic_partitions
-
-    def write_batch(self, df: DataFrame, batch_id: int) -> BatchReport:
-        """``foreachBatch`` callback (driver side): one task per partition of ``df``."""
-        missing = [column for column in INPUT_COLUMNS if column not in df.columns]
-        if missing:
-            raise SinkError(f"the DataFrame written to Kafka lacks columns {missing}; it has {df.columns}")
-        self._prepare()
-        query_id = df.sparkSession.sparkContext.getLocalProperty(QUERY_ID_PROPERTY)
-
-        def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            partition = TaskContext.get().partitionId()
-            records, skipped = self._write_partition(batches, partition, batch_id, query_id)
-            yield pa.RecordBatch.from_pydict(
-                {"partition": [partition], "records": [records], "skipped": [skipped]}, schema=_RESULT_ARROW)
-
-        results = df.select(*INPUT_COLUMNS).mapInArrow(write, RESULT_SCHEMA).collect()
-        report = BatchReport(batch_id, sum(row.records for row in results),
-                             sorted(row.partition for row in results if not row.skipped and row.records),
-                             sorted(row.partition for row in results if row.skipped))
-        if report.partitions_skipped:
-            log.info("batch %d: partitions %s were already committed to Kafka; not written again",
-                     batch_id, report.partitions_skipped)
-        return report
-
-    def _prepare(self) -> None:
-        """Driver side, before the tasks run."""
-
-    def _write_partition(self, batches: Iterator[pa.RecordBatch], partition: int, batch_id: int,
-                         query_id: str | None) -> tuple[int, bool]:
-        """Task side: ``(records written, skipped as already committed)``."""
-        raise NotImplementedError
-
-    def _admin_settings(self) -> dict[str, Any]:
-        return {key: value for key, value in self._producer_settings().items()
-                if key.startswith(("bootstrap.", "security.", "sasl.", "ssl.", "client."))}
-
-    def _producer_settings(self, **settings: Any) -> dict[str, Any]:
-        """Defaults, then ``producer_config``, then ``settings`` (what the sink's guarantee needs)."""
+    def producer_settings(self, **settings: Any) -> dict[str, Any]:
+        """Defaults, then ``producer``, then ``settings`` (what the sink's guarantee needs)."""
         config: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "linger.ms": 5,
@@ -160,91 +112,132 @@ class _KafkaSink:
             "queue.buffering.max.messages": 1_000_000,
             "transaction.timeout.ms": 60_000,
         }
-        config.update(self.producer_config)
+        config.update(self.producer)
         config.update(settings)
         return config
 
-    def _produce_all(self, producer: Producer, batches: Iterator[pa.RecordBatch], **produce: Any) -> int:
-        count = 0
-        for batch in batches:
-            topics, keys, values = (batch.column(name).to_pylist() for name in INPUT_COLUMNS)
-            if self.topic_partitions is not None:
-                _ensure_topics(self._admin_settings(), set(topics), self.topic_partitions)
-            for topic, key, value in zip(topics, keys, values):
-                if topic is None:
-                    raise SinkError(f"a record has no topic (key {key!r})")
-                while True:
-                    try:
-                        producer.produce(topic, value, key, **produce)
-                        break
-                    except BufferError:  # the local queue is full: let deliveries drain it
-                        producer.poll(0.05)
-            count += batch.num_rows
+    def admin_settings(self) -> dict[str, Any]:
+        return {key: value for key, value in self.producer_settings().items()
+                if key.startswith(("bootstrap.", "security.", "sasl.", "ssl.", "client."))}
+
+
+@dataclass(frozen=True)
+class Task:
+    """Which task of which micro-batch of which query writes."""
+    batch_id: int
+    partition: int
+    query_id: str | None
+
+    @classmethod
+    def current(cls) -> "Task":
+        """The Spark task running in this Python worker."""
+        context = TaskContext.get()
+        batch_id = None if context is None else context.getLocalProperty(BATCH_ID_PROPERTY)
+        if context is None or batch_id is None:
+            raise SinkError("not in a task of a streaming query's micro-batch: no batch id to write under")
+        return cls(int(batch_id), context.partitionId(), context.getLocalProperty(QUERY_ID_PROPERTY))
+
+
+class TaskSink(ABC):
+    """The records of one task: ``produce`` them, then ``commit`` (or ``abort`` when the task fails)."""
+
+    def __init__(self, settings: SinkSettings, task: Task) -> None:
+        self.settings = settings
+        self.task = task
+        self.records = 0
+        self._on_delivery: Callable[[KafkaError | None, Message], None] | None = None  # delivery reports wanted
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        producer = self._producer()
+        if producer is None:
+            return
+        if self.settings.topic_partitions is not None and topic not in _EXISTING_TOPICS:
+            ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions)
+            _EXISTING_TOPICS.add(topic)
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=self._on_delivery)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.05)
+        self.records += 1
+        if not self.records % 1000:
             producer.poll(0)
-        return count
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make what was produced durable (and, exactly once, visible), or raise ``SinkError``."""
+
+    def abort(self) -> None:
+        """The task failed: what it produced must not count (exactly once) or may be sent again."""
+
+    @abstractmethod
+    def _producer(self) -> Producer | None:
+        """The producer to write with, or None when the task's records are already committed."""
 
 
-def _first_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch] | None:
-    """The batches from the first non-empty one, or None when there are no rows at all."""
-    for batch in batches:
-        if batch.num_rows:
-            def chain() -> Iterator[pa.RecordBatch]:
-                yield batch
-                yield from batches
-            return chain()
-    return None
+class TransactionalTaskSink(TaskSink):
+    """Exactly-once output per task for read_committed consumers (see the module doc)."""
 
+    def __init__(self, settings: SinkSettings, task: Task) -> None:
+        super().__init__(settings, task)
+        self.key = f"{settings.query_name}-{task.partition}"
+        self.skipped = False  # committed by an earlier attempt: nothing to write
+        self._transaction: _TransactionalProducer | None = None
 
-class KafkaTransactionalSink(_KafkaSink):
-    """Exactly-once output to Kafka per micro-batch for read_committed consumers (see the module doc)."""
+    def _producer(self) -> Producer | None:
+        if self._transaction is None and not self.skipped:
+            try:
+                self._begin()
+            except KafkaException as error:
+                raise self._failure("starting", error) from error
+        return None if self._transaction is None else self._transaction.kafka
 
-    def __init__(self, bootstrap_servers: str, commit_topic: str, query_name: str,
-                 producer_config: dict[str, Any] | None = None, *,
-                 topic_partitions: int | None = None) -> None:
-        super().__init__(bootstrap_servers, producer_config, topic_partitions=topic_partitions)
-        self.commit_topic = commit_topic
-        self.query_name = query_name
-        self._commit_topic_ready = False
+    def _begin(self) -> None:
+        settings, task = self.settings, self.task
+        if settings.commit_topic not in _EXISTING_TOPICS:
+            ensure_topic(settings.admin_settings(), settings.commit_topic, partitions=1, compacted=True)
+            _EXISTING_TOPICS.add(settings.commit_topic)
+        commits = _CommitLog.of(settings.admin_settings(), settings.commit_topic)
+        # Committed before a crash: skip without registering the id, which would fence the producer
+        # another worker keeps for it.
+        committed = commits.last_batch(self.key, task.query_id)
+        if not _at_or_after(committed, task.batch_id):
+            producer_settings = settings.producer_settings(**{"transactional.id": self.key,
+                                                              "enable.idempotence": True, "acks": "all"})
+            transaction = _TransactionalProducer.of(producer_settings, task.query_id, committed, commits)
+            if not _at_or_after(transaction.last_committed, task.batch_id):
+                transaction.begin()
+                self._transaction = transaction
+                return
+        self.skipped = True
+        log.info("batch %d: partition %d was already committed to Kafka; not written again", task.batch_id,
+                 task.partition)
 
-    def transactional_id(self, partition: int) -> str:
-        return f"{self.query_name}-{partition}"
-
-    def _prepare(self) -> None:
-        if not self._commit_topic_ready:
-            ensure_topic(self._admin_settings(), self.commit_topic, partitions=1, compacted=True)
-            self._commit_topic_ready = True
-
-    def _write_partition(self, batches: Iterator[pa.RecordBatch], partition: int, batch_id: int,
-                         query_id: str | None) -> tuple[int, bool]:
-        rows = _first_rows(batches)
-        if rows is None:
-            return 0, False  # nothing to write, nothing to remember: a replay has nothing either
-        key = self.transactional_id(partition)
-        settings = self._producer_settings(**{"transactional.id": key, "enable.idempotence": True, "acks": "all"})
-        commits = _CommitLog.of(self._admin_settings(), self.commit_topic)
+    def commit(self) -> None:
+        transaction = self._transaction
+        if transaction is None:
+            return  # nothing written, or skipped: nothing to remember (a replay has nothing either)
+        task = self.task
+        marker = {"query": self.settings.query_name, "query_id": task.query_id, "partition": task.partition,
+                  "batch_id": task.batch_id, "records": self.records}
         try:
-            # Committed before a crash: skip without registering the id, which would fence the producer
-            # another worker keeps for it.
-            committed = commits.last_batch(key, query_id)
-            if _at_or_after(committed, batch_id):
-                return 0, True
-            producer = _TransactionalProducer.of(settings, query_id, committed, commits)
-            if _at_or_after(producer.last_committed, batch_id):
-                return 0, True
-            marker = {"query": self.query_name, "query_id": query_id, "partition": partition, "batch_id": batch_id}
-            return producer.write(batch_id, lambda kafka: self._produce_partition(kafka, rows, key, marker)), False
+            transaction.kafka.produce(self.settings.commit_topic, json.dumps(marker).encode(), self.key.encode())
+            transaction.commit(task.batch_id)
         except KafkaException as error:
-            raise SinkError(f"writing batch {batch_id} partition {partition} to Kafka in transaction {key} "
-                            f"failed: {error}") from error
+            self.abort()
+            raise self._failure("committing", error) from error
+        finally:
+            self._transaction = None
 
-    def _produce_partition(self, producer: Producer, rows: Iterator[pa.RecordBatch], key: str,
-                           marker: dict[str, Any]) -> int:
-        count = self._produce_all(producer, rows)
-        self._produce_marker(producer, key, json.dumps({**marker, "records": count}).encode())
-        return count
+    def abort(self) -> None:
+        if self._transaction is not None:
+            self._transaction.abort()
+            self._transaction = None
 
-    def _produce_marker(self, producer: Producer, key: str, value: bytes) -> None:
-        producer.produce(self.commit_topic, value, key.encode())
+    def _failure(self, doing: str, error: KafkaException) -> SinkError:
+        return SinkError(f"{doing} batch {self.task.batch_id} partition {self.task.partition} in Kafka "
+                         f"transaction {self.key} failed: {error}")
 
 
 def _at_or_after(committed: int | None, batch_id: int) -> bool:
@@ -275,8 +268,10 @@ class _TransactionalProducer:
         ``committed`` under that id (the commit topic's last marker)."""
         identity = (json.dumps(settings, sort_keys=True, default=str), query_id)
         kept = cls._instances.get(identity)
-        if kept is not None and kept.last_committed == committed:
+        if kept is not None and kept.last_committed == committed and not kept.in_transaction:
             return kept
+        if kept is not None:  # fenced, or left in a transaction by a task that died: let it go
+            kept.abort()
         producer = cls._instances[identity] = cls(settings, identity)
         # Read the markers only now that older attempts are fenced: none can commit behind our back.
         producer.last_committed = commits.last_batch(producer.key, query_id)
@@ -286,35 +281,35 @@ class _TransactionalProducer:
         self.key: str = settings["transactional.id"]
         self._identity = identity
         self.last_committed: int | None = None  # the last batch committed under this id, as far as known
-        self._producer = Producer(settings)
-        self._producer.init_transactions(TIMEOUT)
+        self.in_transaction = False
+        self.kafka = Producer(settings)
+        self.kafka.init_transactions(TIMEOUT)
 
-    def write(self, batch_id: int, produce: Callable[[Producer], int]) -> int:
-        """Run ``produce`` in a transaction and commit it, or abort it and drop this producer."""
-        try:
-            self._producer.begin_transaction()
-            count = produce(self._producer)
-            self._commit()
-        except BaseException:
-            self._abort()
-            if self._instances.get(self._identity) is self:
-                del self._instances[self._identity]
-            raise
-        self.last_committed = batch_id
-        return count
+    def begin(self) -> None:
+        self.kafka.begin_transaction()
+        self.in_transaction = True
 
-    def _commit(self) -> None:
+    def commit(self, batch_id: int) -> None:
+        """Commit the open transaction (the caller aborts it when this fails)."""
         for attempt in range(1, COMMIT_ATTEMPTS + 1):
             try:
-                self._producer.commit_transaction(TIMEOUT)
-                return
+                self.kafka.commit_transaction(TIMEOUT)
+                break
             except KafkaException as error:
                 if not error.args[0].retriable() or attempt == COMMIT_ATTEMPTS:
                     raise
+        self.in_transaction = False
+        self.last_committed = batch_id
 
-    def _abort(self) -> None:
+    def abort(self) -> None:
+        """Abort the open transaction, and drop this producer: what it last committed is unknown now."""
+        if self._instances.get(self._identity) is self:
+            del self._instances[self._identity]
+        if not self.in_transaction:
+            return
+        self.in_transaction = False
         try:
-            self._producer.abort_transaction(TIMEOUT)
+            self.kafka.abort_transaction(TIMEOUT)
         except KafkaException as error:
             # Fatal (fenced by a newer attempt) or the broker is gone: the broker aborts the transaction
             # when its timeout expires or the next attempt registers the same transactional id.
@@ -371,9 +366,14 @@ class _CommitLog:
             if start >= end:
                 continue
             self._consumer.assign([TopicPartition(self.topic, partition, start)])
-            for records in consume_range(self._consumer, self.topic, partition, start, end, TIMEOUT):
-                for record in records:
-                    self._read_marker(record)
+            try:
+                for records in consume_range(self._consumer, self.topic, partition, start, end, TIMEOUT):
+                    for record in records:
+                        self._read_marker(record)
+            finally:
+                # An assigned consumer keeps fetching between lookups (and a broker that answers fetches
+                # at the end of a partition at once makes that a busy loop on both sides).
+                self._consumer.unassign()
             self._positions[partition] = end
 
     def _read_marker(self, record: Message) -> None:
@@ -408,33 +408,43 @@ def ensure_topic(settings: dict[str, Any], topic: str, partitions: int, compacte
 _EXISTING_TOPICS: set[str] = set()
 
 
-def _ensure_topics(settings: dict[str, Any], topics: set[Any], partitions: int) -> None:
-    for topic in topics - _EXISTING_TOPICS:
-        if topic is not None:
-            ensure_topic(settings, topic, partitions)
-            _EXISTING_TOPICS.add(topic)
+class AtLeastOnceTaskSink(TaskSink):
+    """Every record of every task at least once: a replayed task writes again."""
 
+    _producers: ClassVar[dict[str, Producer]] = {}  # one idempotent producer per worker process and settings
 
-class KafkaAtLeastOnceSink(_KafkaSink):
-    """Every record of every batch at least once: a replayed batch is written again."""
+    def __init__(self, settings: SinkSettings, task: Task) -> None:
+        super().__init__(settings, task)
+        self._failures: list[KafkaError] = []
+        self._on_delivery = self._delivered
+        producer_settings = settings.producer_settings(**{"enable.idempotence": True, "acks": "all"})
+        identity = json.dumps(producer_settings, sort_keys=True, default=str)
+        if identity not in self._producers:
+            self._producers[identity] = Producer(producer_settings)
+        self._kafka = self._producers[identity]
 
-    def _write_partition(self, batches: Iterator[pa.RecordBatch], partition: int, batch_id: int,
-                         query_id: str | None) -> tuple[int, bool]:
-        failures: list[KafkaError] = []
+    def _producer(self) -> Producer:
+        return self._kafka
 
-        def delivered(error: KafkaError | None, _: Message) -> None:
-            if error is not None:
-                failures.append(error)
+    def _delivered(self, error: KafkaError | None, _: Message) -> None:
+        if error is not None:
+            self._failures.append(error)
 
-        producer = Producer(self._producer_settings(**{"enable.idempotence": True, "acks": "all"}))
-        count = self._produce_all(producer, batches, on_delivery=delivered)
+    def commit(self) -> None:
+        if not self.records:
+            return
+        producer = self._kafka
         # librdkafka fails each record after message.timeout.ms (5 min by default): flush ends by then.
-        while producer.flush(1.0) and not failures:
+        while producer.flush(1.0) and not self._failures:
             pass
-        if failures:
-            raise SinkError(f"batch {batch_id} partition {partition}: {len(failures)} of {count} records "
-                            f"were not delivered, e.g. {failures[0]}")
-        return count, False
+        if self._failures:
+            raise SinkError(f"batch {self.task.batch_id} partition {self.task.partition}: {len(self._failures)} of "
+                            f"{self.records} records were not delivered, e.g. {self._failures[0]}")
 
 
-__all__ = ["BatchReport", "KafkaAtLeastOnceSink", "KafkaTransactionalSink", "SinkError", "ensure_topic"]
+def task_sink(settings: SinkSettings, task: Task) -> TaskSink:
+    return TransactionalTaskSink(settings, task) if settings.exactly_once else AtLeastOnceTaskSink(settings, task)
+
+
+__all__ = ["AtLeastOnceTaskSink", "SinkError", "SinkSettings", "Task", "TaskSink", "TransactionalTaskSink",
+           "ensure_topic", "task_sink"]

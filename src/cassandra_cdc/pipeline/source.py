@@ -45,10 +45,20 @@ option                     default         meaning
                                            new offsets are grouped into this many tasks, balanced by
                                            offsets, each reading its partitions one after the other
                                            (each task costs Spark 0.1-0.3 s whatever it reads)
+``emit``                   ``records``     ``offsetRanges``: instead of the records, one row per Kafka
+                                           partition with new offsets, naming them (below); whoever
+                                           processes the rows reads the records itself with
+                                           ``read_range``
 ``kafkaConsumer.pollTimeoutMs``  120000    a read task fails after this long without progress
 ``kafka.*``                                any other librdkafka consumer setting, e.g.
                                            ``kafka.security.protocol``
 =========================  ==============  ===========================================================
+
+With ``emit=offsetRanges`` the schema is ``topic string, partition int, startOffset long, endOffset
+long`` (the offsets ``[startOffset, endOffset)`` of one Kafka partition in the micro-batch), all rows in
+one task: the records themselves never pass through the JVM. The stateful pipeline reads them where it
+merges them (see processor.py), which saves the conversion of every record to Arrow and back and its
+shuffle; offsets are still planned, bounded and checkpointed by Spark as with ``emit=records``.
 
 How it maps to Spark:
 
@@ -97,6 +107,14 @@ SCHEMA = StructType([
     StructField("timestampType", IntegerType()),
 ])
 ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")  # exactly what Spark checks yielded batches against
+RANGES_SCHEMA = StructType([
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("startOffset", LongType()),
+    StructField("endOffset", LongType()),
+])
+_RANGES_ARROW_SCHEMA = to_arrow_schema(RANGES_SCHEMA)
+EMIT_RECORDS, EMIT_RANGES = "records", "offsetranges"  # option values, lowered
 
 DEFAULT_MAX_OFFSETS_PER_TRIGGER = 100_000
 DEFAULT_POLL_TIMEOUT_MS = 120_000
@@ -139,6 +157,7 @@ class SourceOptions:
     poll_timeout_ms: int
     max_partitions: int | None = None
     kafka: dict[str, str] = field(default_factory=dict)  # librdkafka settings, ``kafka.`` prefix removed
+    emit_ranges: bool = False
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> "SourceOptions":
@@ -157,11 +176,14 @@ class SourceOptions:
         if fail_on_data_loss not in ("true", "false"):
             raise KafkaSourceError(f"{SOURCE_NAME}: failOnDataLoss must be true or false, "
                                    f"got {fail_on_data_loss!r}")
+        emit = lowered.get("emit", EMIT_RECORDS).strip().lower()
+        if emit not in (EMIT_RECORDS, EMIT_RANGES):
+            raise KafkaSourceError(f"{SOURCE_NAME}: emit must be records or offsetRanges, got {emit!r}")
         return cls(topic=topic, max_offsets_per_trigger=max_offsets,
                    starting_offsets=lowered.get("startingoffsets", "earliest").strip(),
                    fail_on_data_loss=fail_on_data_loss == "true",
                    poll_timeout_ms=int(lowered.get("kafkaconsumer.polltimeoutms", DEFAULT_POLL_TIMEOUT_MS)),
-                   max_partitions=max_partitions, kafka=kafka)
+                   max_partitions=max_partitions, kafka=kafka, emit_ranges=emit == EMIT_RANGES)
 
     def consumer_config(self, **overrides: Any) -> dict[str, Any]:
         """Settings for a consumer that is only ever ``assign``ed and never commits."""
@@ -170,6 +192,14 @@ class SourceOptions:
             "group.id": f"{SOURCE_NAME}-{uuid.uuid4().hex}",
             "isolation.level": "read_committed",
             "fetch.wait.max.ms": 100,
+            # A range is read to its end offset, and the consumer then moves to another range: what it
+            # prefetched past the end (librdkafka's defaults: 100,000 records or 64 MB) is decompressed
+            # and parsed for nothing. A few MB ahead keep the reads going without that waste, and a short
+            # backoff when they are queued (1 s by default) keeps the fetches from pausing the reads.
+            "queued.min.messages": 10_000,
+            "queued.max.messages.kbytes": 8192,
+            "max.partition.fetch.bytes": 2 << 20,
+            "fetch.queue.backoff.ms": 5,
         }
         config.update(self.kafka)
         config.update({"enable.auto.commit": False, "enable.auto.offset.store": False}, **overrides)
@@ -227,7 +257,7 @@ class KafkaDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return RANGES_SCHEMA if SourceOptions.parse(self.options).emit_ranges else SCHEMA
 
     def streamReader(self, schema: StructType) -> "KafkaStreamReader":
         return KafkaStreamReader(SourceOptions.parse(self.options))
@@ -350,8 +380,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, finish = offsets_from_json(start), offsets_from_json(end)
         ranges = [OffsetRange(partition, begin.get(partition, 0), stop)
                   for partition, stop in sorted(finish.items()) if stop > begin.get(partition, 0)]
-        return [KafkaInputPartition(self.options.topic, group)
-                for group in group_ranges(ranges, self.options.max_partitions)]
+        groups = 1 if self.options.emit_ranges else self.options.max_partitions
+        return [KafkaInputPartition(self.options.topic, group) for group in group_ranges(ranges, groups)]
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: Spark's checkpoint is the only record of what was read."""
@@ -396,21 +426,28 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- executor side --
 
     def read(self, partition: KafkaInputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        consumer = _task_consumer(self.options)
-        topic = partition.topic
-        try:
-            for offsets in partition.ranges:
-                consumer.assign([TopicPartition(topic, offsets.partition, offsets.start)])
-                chunks = consume_range(consumer, topic, offsets.partition, offsets.start, offsets.end,
-                                       self.options.poll_timeout_ms / 1000)
-                yield from _arrow_batches(chunks, topic, offsets.partition)
-            consumer.unassign()  # no fetching for this task once it is done
-        except BaseException as error:
-            _drop_task_consumer(self.options)
-            if isinstance(error, DataLossError):
-                raise DataLossError(f"{SOURCE_NAME}: {error} (set failOnDataLoss=false to skip what is gone)") \
-                    from None
-            raise
+        if self.options.emit_ranges:
+            yield _ranges_batch(partition)
+            return
+        for offsets in partition.ranges:
+            yield from _arrow_batches(read_range(self.options, offsets), partition.topic, offsets.partition)
+
+
+def read_range(options: SourceOptions, offsets: OffsetRange) -> Iterator[list[Message]]:
+    """The records of ``offsets`` in ``options.topic``, in chunks, read with this worker's consumer."""
+    consumer = _task_consumer(options)
+    topic = options.topic
+    try:
+        consumer.assign([TopicPartition(topic, offsets.partition, offsets.start)])
+        yield from consume_range(consumer, topic, offsets.partition, offsets.start, offsets.end,
+                                 options.poll_timeout_ms / 1000)
+        consumer.unassign()  # no fetching once the range is read
+    except BaseException as error:
+        _drop_task_consumer(options)
+        if isinstance(error, DataLossError):
+            raise DataLossError(f"{SOURCE_NAME}: {error} (set failOnDataLoss=false to skip what is gone)") \
+                from None
+        raise
 
 
 # The read tasks' consumers, one per Python worker process and options: workers outlive micro-batches,
@@ -478,6 +515,16 @@ def consume_range(consumer: Consumer, topic: str, partition: int, start: int, en
                                    f"(stuck at offset {next_offset}, reading up to {end})")
 
 
+def _ranges_batch(partition: KafkaInputPartition) -> pa.RecordBatch:
+    ranges = partition.ranges
+    return pa.RecordBatch.from_arrays([
+        pa.array([partition.topic] * len(ranges), pa.string()),
+        pa.array([r.partition for r in ranges], pa.int32()),
+        pa.array([r.start for r in ranges], pa.int64()),
+        pa.array([r.end for r in ranges], pa.int64()),
+    ], schema=_RANGES_ARROW_SCHEMA)
+
+
 def _arrow_batches(chunks: Iterator[list[Message]], topic: str, partition: int) -> Iterator[pa.RecordBatch]:
     topic_value = pa.scalar(topic, pa.string())
     partition_value = pa.scalar(partition, pa.int32())
@@ -496,5 +543,5 @@ def _arrow_batches(chunks: Iterator[list[Message]], topic: str, partition: int) 
         ], schema=ARROW_SCHEMA)
 
 
-__all__ = ["DataLossError", "KafkaDataSource", "KafkaInputPartition", "KafkaSourceError", "OffsetRange", "SCHEMA",
-           "SOURCE_NAME", "SourceOptions", "admit", "consume_range", "group_ranges"]
+__all__ = ["DataLossError", "KafkaDataSource", "KafkaInputPartition", "KafkaSourceError", "OffsetRange", "RANGES_SCHEMA",
+           "SCHEMA", "SOURCE_NAME", "SourceOptions", "admit", "consume_range", "group_ranges", "read_range"]

@@ -1,7 +1,7 @@
 """The merged state of one partition, and Cassandra's reconciliation rules for each of its parts.
 
-The state is what the pipeline keeps per partition in Spark's state store (pickled, in a map per hash
-bucket), so it is made of tuples, dicts, bytes and ints only, without schema objects (columns are named
+The state is what the pipeline keeps per partition in Spark's state store (pickled, in a map per raw
+topic partition), so it is made of tuples, dicts, bytes and ints only, without schema objects (columns are named
 by their ``str`` name); the two classes pickle as bare tuples, and ``PartitionState.stored`` gives the
 builtins alone, as the pipeline stores them.
 
