@@ -59,6 +59,10 @@ def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shu
         # Everything is on this host: no warning that the hostname resolves to a loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINT_FILES
+        # The records never pass through the JVM (the merge reads them from Kafka itself), so the JVM's
+        # work is planning and bookkeeping, which C2 compilation costs more CPU than it saves: on two
+        # cores it took a quarter of the CPU of a throughput run (benchmarks/RESULTS.md).
+        conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
     conf.update(extra_conf or {})
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in conf.items():
