@@ -7,6 +7,7 @@ import datetime
 import decimal
 import io
 import json
+import re
 import struct
 import uuid
 from typing import Any
@@ -16,7 +17,8 @@ import pytest
 
 from cassandra.util import Date, Duration, Time
 from cassandra_cdc.pipeline.events import EventEncoder, Source
-from cassandra_cdc.schema import parse_schema
+from cassandra_cdc.pipeline.rows import STATIC_CLUSTERING, table_view
+from cassandra_cdc.schema import TableMetadata, parse_schema
 
 SCHEMA = parse_schema("""
 CREATE TYPE shop.address (street text, number int);
@@ -121,3 +123,142 @@ def test_null_columns_stay_null(fmt: str) -> None:
     value = encoder.value(None, sparse, "c", SOURCE, 1)
     after = (json.loads(value)["payload"] if fmt == "json" else next(fastavro.reader(io.BytesIO(value))))["after"]
     assert after["seq"] == 1 and after["name"] is None and after["tags"] is None
+
+
+STATIC_SCHEMA = parse_schema("""
+CREATE TABLE shop.carts (user int, item text, qty int, owner text static, PRIMARY KEY (user, item));
+CREATE TABLE shop.legacy (k int PRIMARY KEY, v text)
+    WITH COMPACT STORAGE AND ID = 5a1c395e-b41f-11e5-9f22-ba0be0483c18;
+""")
+
+
+def _static_only_row(table: TableMetadata, key: dict[str, Any], statics: dict[str, Any]) -> dict[str, Any]:
+    """The row the pipeline shows for a partition with static values and no live row (see ``merge``)."""
+    view = table_view(table)
+    raw = tuple(c.type.serialize(statics[c.name]) for c in view.statics)
+    row = view.decode_row(key, STATIC_CLUSTERING, (None, raw))
+    assert row is not None
+    return row
+
+
+def _avro_round_trips(table: TableMetadata, row: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """The key and the ``after`` of an insert of ``row``, encoded in Avro and read back: from an object
+    container, then from the registry's wire format."""
+    container = EventEncoder("prod", table, "avro")
+    decoded = [(next(fastavro.reader(io.BytesIO(container.key(row)))),
+                next(fastavro.reader(io.BytesIO(container.value(None, row, "c", SOURCE, 1))))["after"])]
+    registry = FakeRegistry()
+    registered = EventEncoder("prod", table, "avro", registry)  # type: ignore[arg-type]
+    key, value = registered.key(row), registered.value(None, row, "c", SOURCE, 1)
+    key_schema, value_schema = (registry.subjects[f"{registered.topic}-{part}"] for part in ("key", "value"))
+    decoded.append((fastavro.schemaless_reader(io.BytesIO(key[5:]), key_schema),
+                    fastavro.schemaless_reader(io.BytesIO(value[5:]), value_schema)["after"]))
+    return decoded
+
+
+@pytest.mark.parametrize(("table_name", "key", "statics", "expected_key", "expected_after"), [
+    ("carts", {"user": 1}, {"owner": "ann"}, {"user": 1, "item": None},
+     {"user": 1, "item": None, "qty": None, "owner": "ann"}),
+    # Static COMPACT STORAGE: the declared columns are static, next to a hidden clustering column1 and value.
+    ("legacy", {"k": 1}, {"v": "x"}, {"k": 1, "column1": None},
+     {"k": 1, "column1": None, "value": None, "v": "x"}),
+])
+def test_a_static_only_row_has_null_clustering_columns_in_its_key(
+        table_name: str, key: dict[str, Any], statics: dict[str, Any], expected_key: dict[str, Any],
+        expected_after: dict[str, Any]) -> None:
+    table = STATIC_SCHEMA.table("shop", table_name)
+    assert table is not None
+    row = _static_only_row(table, key, statics)
+    for decoded_key, after in _avro_round_trips(table, row):
+        assert decoded_key == expected_key and after == expected_after
+    encoder = EventEncoder("prod", table, "json")
+    document = json.loads(encoder.key(row))
+    assert document["payload"] == expected_key
+    # The partition key column is required, the clustering column optional (the JsonConverter checks).
+    assert [(f["field"], f["optional"]) for f in document["schema"]["fields"]] == \
+        [(name, optional) for name, optional in zip(expected_key, (False, True))]
+    assert json.loads(encoder.value(None, row, "c", SOURCE, 1))["payload"]["after"] == expected_after
+
+
+NAMED_SCHEMA = parse_schema("""
+CREATE TYPE shop.addr ("Street-Name" text, "2nd" int, "Street_Name" text);
+CREATE TABLE shop.named (
+    "Order-Id" int, "1st" int, spot frozen<addr>, spot2 frozen<addr>, home frozen<addr>, work addr,
+    past list<frozen<addr>>, by_floor map<int, frozen<addr>>, took duration, waited duration,
+    a map<int, text>, b map<int, text>, p tuple<int, text>, q tuple<int, text>,
+    ints tuple<int, frozen<list<int>>>, texts tuple<int, frozen<list<text>>>,
+    "Weird-Name" text, "Weird_Name" text,
+    PRIMARY KEY (("Order-Id", "1st"), spot, spot2));""")
+NAMED = NAMED_SCHEMA.table("shop", "named")
+NAMED_VALUES: dict[str, Any] = {
+    "Order-Id": 1, "1st": 2, "spot": ("Main", 4, "M"), "spot2": ("High", 5, "H"), "home": ("Elm", 6, None),
+    "work": ("Oak", 7, "O"), "past": [("Ash", 8, "A")], "by_floor": {3: ("Fir", 9, "F")},
+    "took": Duration(1, 2, 3), "waited": Duration(4, 5, 6), "a": {1: "one"}, "b": {2: "two"},
+    "p": (1, "one"), "q": (2, "two"),
+    "ints": (3, [1, 2]), "texts": (4, ["x"]), "Weird-Name": "dash", "Weird_Name": "underscore",
+}
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _driver_row(table: TableMetadata, values: dict[str, Any]) -> dict[str, Any]:
+    """The row as the pipeline decodes it, with the driver's types (UDTs as named tuples)."""
+    return {c.name: c.type.deserialize(c.type.serialize(values[c.name])) for c in table.columns}
+
+
+def _check_avro_names(schema: Any, namespace: str, defined: set[str]) -> None:
+    """Fails unless the schema's names are valid and each named type is defined once (Avro spec, "Names")."""
+    if isinstance(schema, list):
+        for branch in schema:
+            _check_avro_names(branch, namespace, defined)
+    elif isinstance(schema, dict) and schema["type"] == "record":
+        name = schema["name"]
+        if "." not in name:
+            name = f"{schema.get('namespace', namespace)}.{name}"
+        assert all(_AVRO_NAME.fullmatch(part) for part in name.split(".")) and name not in defined, name
+        defined.add(name)
+        fields = [f["name"] for f in schema["fields"]]
+        assert all(_AVRO_NAME.fullmatch(f) for f in fields) and len(set(fields)) == len(fields), fields
+        for field in schema["fields"]:
+            _check_avro_names(field["type"], name.rpartition(".")[0], defined)
+    elif isinstance(schema, dict) and schema["type"] in ("array", "map"):
+        _check_avro_names(schema.get("items", schema.get("values")), namespace, defined)
+
+
+def test_avro_defines_each_named_type_once_and_names_fields_validly() -> None:
+    assert NAMED is not None
+    row = _driver_row(NAMED, NAMED_VALUES)
+    encoder = EventEncoder("prod", NAMED, "avro")
+    for encoded in (encoder.key(row), encoder.value(None, row, "c", SOURCE, 1)):
+        _check_avro_names(json.loads(fastavro.reader(io.BytesIO(encoded)).metadata["avro.schema"]), "", set())
+    # Invalid characters become "_", and a name that another field has then gets a suffix.
+    expected_key = {"Order_Id": 1, "_1st": 2,
+                    "spot": {"Street_Name_2": "Main", "_2nd": 4, "Street_Name": "M"},
+                    "spot2": {"Street_Name_2": "High", "_2nd": 5, "Street_Name": "H"}}
+    expected_after = expected_key | {
+        "home": {"Street_Name_2": "Elm", "_2nd": 6, "Street_Name": None},
+        "work": {"Street_Name_2": "Oak", "_2nd": 7, "Street_Name": "O"},
+        "past": [{"Street_Name_2": "Ash", "_2nd": 8, "Street_Name": "A"}],
+        "by_floor": [{"key": 3, "value": {"Street_Name_2": "Fir", "_2nd": 9, "Street_Name": "F"}}],
+        "took": {"months": 1, "days": 2, "nanoseconds": 3},
+        "waited": {"months": 4, "days": 5, "nanoseconds": 6},
+        "a": [{"key": 1, "value": "one"}], "b": [{"key": 2, "value": "two"}],
+        "p": {"field1": 1, "field2": "one"}, "q": {"field1": 2, "field2": "two"},
+        # One name for both tuple types (their elements' kinds): the second is renamed, not taken for
+        # the first.
+        "ints": {"field1": 3, "field2": [1, 2]}, "texts": {"field1": 4, "field2": ["x"]},
+        "Weird_Name_2": "dash", "Weird_Name": "underscore"}
+    for decoded_key, after in _avro_round_trips(NAMED, row):
+        assert decoded_key == expected_key and after == expected_after
+
+
+def test_connect_json_keeps_the_cql_names() -> None:
+    assert NAMED is not None
+    row = _driver_row(NAMED, NAMED_VALUES)
+    encoder = EventEncoder("prod", NAMED, "json")
+    assert json.loads(encoder.key(row))["payload"] == {
+        "Order-Id": 1, "1st": 2, "spot": {"Street-Name": "Main", "2nd": 4, "Street_Name": "M"},
+        "spot2": {"Street-Name": "High", "2nd": 5, "Street_Name": "H"}}
+    after = json.loads(encoder.value(None, row, "c", SOURCE, 1))["payload"]["after"]
+    assert after["Weird-Name"] == "dash" and after["Weird_Name"] == "underscore"
+    assert after["past"] == [{"Street-Name": "Ash", "2nd": 8, "Street_Name": "A"}]
+    assert after["by_floor"] == [[3, {"Street-Name": "Fir", "2nd": 9, "Street_Name": "F"}]]

@@ -15,8 +15,8 @@ from typing import Any, Callable, Literal, NamedTuple
 
 import fastavro
 
-from ..schema import TableMetadata
-from .types import FieldMapping
+from ..schema import ColumnKind, TableMetadata
+from .types import FieldMapping, avro_names
 
 CONNECTOR = "cassandra"
 SOURCE_VERSION = "1"
@@ -64,6 +64,13 @@ class Source(NamedTuple):
                 "position": self.position}
 
 
+class _Column(NamedTuple):
+    name: str  # its key in a row
+    field: str  # its field in the event: the name, but in Avro a valid Avro name
+    mapping: FieldMapping
+    optional: bool
+
+
 def event_topic(server: str, table: TableMetadata) -> str:
     return f"{server}.{table.keyspace}.{table.name}"
 
@@ -77,12 +84,19 @@ class EventEncoder:
         self.topic = event_topic(server, table)
         self.format = fmt
         self._name = f"{server}.{table.keyspace}.{table.name}"
-        self._key_columns = [(c.name, FieldMapping(c.type)) for c in table.primary_key]
-        self._value_columns = [(c.name, FieldMapping(c.type)) for c in table.columns]
+        names = tuple(c.name for c in table.columns)
+        fields = dict(zip(names, names if fmt == "json" else avro_names(names)))
+        # A partition with static values and no rows is one row with null clustering columns, as is each row
+        # of a static COMPACT STORAGE table (its clustering column is hidden). Clustering columns are optional
+        # in every table's key: adding a static column must not change the key schema, nor the key bytes.
+        self._key_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type),
+                                     optional=c.kind is ColumnKind.CLUSTERING) for c in table.primary_key]
+        self._value_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type), optional=True)
+                               for c in table.columns]
         self._key_fields = self._fields(self._key_columns)
         self._value_fields = self._fields(self._value_columns)
         if fmt == "json":
-            key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False, key=True)
+            key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False)
             row = self._connect_struct(f"{self._name}.Value", self._value_columns, optional=True)
             value_schema = {
                 "type": "struct", "name": f"{self._name}.Envelope", "optional": False,
@@ -96,7 +110,7 @@ class EventEncoder:
             self._value_document = _ConnectDocument(value_schema)
         else:
             namespace = _avro_namespace(self._name)
-            self._avro_key = fastavro.parse_schema(self._avro_record("Key", namespace, self._key_columns, key=True))
+            self._avro_key = fastavro.parse_schema(self._avro_record("Key", namespace, self._key_columns))
             row = self._avro_record("Value", namespace, self._value_columns)
             self._avro_value = fastavro.parse_schema({
                 "type": "record", "name": "Envelope", "namespace": namespace,
@@ -128,33 +142,34 @@ class EventEncoder:
 
     # --- helpers ----------------------------------------------------------------------------------
 
-    def _fields(self, columns: list[tuple[str, FieldMapping]]) -> list[tuple[str, Converter | None]]:
-        """Each column's name and how its values (not None) convert to the format, None if they do not."""
+    def _fields(self, columns: list[_Column]) -> list[tuple[str, str, Converter | None]]:
+        """Per column: its name, its field, and how its values (not None) convert to the format (None: they
+        do not)."""
         if self.format == "json":
-            return [(name, mapping.connect_converter) for name, mapping in columns]
-        return [(name, mapping.to_avro) for name, mapping in columns]
+            return [(c.name, c.field, c.mapping.connect_converter) for c in columns]
+        return [(c.name, c.field, c.mapping.to_avro) for c in columns]
 
     @staticmethod
-    def _row(row: dict[str, Any], fields: list[tuple[str, Converter | None]]) -> dict[str, Any]:
+    def _row(row: dict[str, Any], fields: list[tuple[str, str, Converter | None]]) -> dict[str, Any]:
         converted = {}
-        for name, convert in fields:
+        for name, field, convert in fields:
             value = row.get(name)
-            converted[name] = value if convert is None or value is None else convert(value)
+            converted[field] = value if convert is None or value is None else convert(value)
         return converted
 
     @staticmethod
-    def _connect_struct(name: str, columns: list[tuple[str, FieldMapping]], optional: bool,
-                        key: bool = False) -> dict[str, Any]:
+    def _connect_struct(name: str, columns: list[_Column], optional: bool) -> dict[str, Any]:
         return {"type": "struct", "name": name, "optional": optional,
-                "fields": [m.connect_schema(optional=not key, field=n) for n, m in columns]}
+                "fields": [c.mapping.connect_schema(optional=c.optional, field=c.field) for c in columns]}
 
     @staticmethod
-    def _avro_record(name: str, namespace: str, columns: list[tuple[str, FieldMapping]], key: bool = False) -> dict:
+    def _avro_record(name: str, namespace: str, columns: list[_Column]) -> dict:
+        defined: dict[str, str] = {}  # the key and the value are separate schemas: each defines its records
         fields = []
-        for column, mapping in columns:
-            avro_type = mapping.avro_schema(namespace)
-            fields.append({"name": column, "type": avro_type} if key else
-                          {"name": column, "type": ["null", avro_type], "default": None})
+        for column in columns:
+            avro_type = column.mapping.avro_schema(namespace, defined)
+            fields.append({"name": column.field, "type": ["null", avro_type], "default": None}
+                          if column.optional else {"name": column.field, "type": avro_type})
         return {"type": "record", "name": name, "namespace": namespace, "fields": fields}
 
     def _avro(self, schema: Any, record: dict[str, Any], subject: str) -> bytes:

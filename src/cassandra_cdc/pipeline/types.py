@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
+import json
 import re
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Any, Callable
 
 from ..schema.types import CqlType
@@ -119,41 +121,47 @@ class FieldMapping:
 
     # --- Avro -----------------------------------------------------------------------------------
 
-    def avro_schema(self, namespace: str) -> Any:
+    def avro_schema(self, namespace: str, defined: dict[str, str] | None = None) -> Any:
+        """The Avro schema of the type, its records in ``namespace`` except ``cassandra_cdc.Duration``.
+
+        Avro allows one definition of a name per schema: ``defined`` holds those of the schema being built
+        (full name -> definition), and a record defined there already is given by its full name. Without
+        it, every record is defined in place.
+        """
         t = self.cql_type
         kind = t.kind
         if kind in _SIMPLE:
             return _SIMPLE[kind][2]
         if kind in ("list", "set", "vector"):
-            return {"type": "array", "items": FieldMapping(t.parameters[0]).avro_schema(namespace)}
+            return {"type": "array", "items": FieldMapping(t.parameters[0]).avro_schema(namespace, defined)}
         if kind == "map":
-            value = ["null", FieldMapping(t.parameters[1]).avro_schema(namespace)]
+            key, value = (FieldMapping(p) for p in t.parameters)
             if t.parameters[0].kind in ("text", "varchar", "ascii"):
-                return {"type": "map", "values": value}
+                return {"type": "map", "values": ["null", value.avro_schema(namespace, defined)]}
             # Avro maps have string keys only: other keys become an array of entries.
-            return {"type": "array", "items": {"type": "record", "name": _avro_name(f"{t.cql}_entry"),
-                                               "namespace": namespace,
-                                               "fields": [{"name": "key", "type": FieldMapping(t.parameters[0])
-                                                           .avro_schema(namespace)},
-                                                          {"name": "value", "type": value}]}}
+            return {"type": "array", "items": _avro_record(
+                _avro_name(f"{t.cql}_entry"), namespace, defined,
+                lambda records: [{"name": "key", "type": key.avro_schema(namespace, records)},
+                                 {"name": "value", "type": ["null", value.avro_schema(namespace, records)]}])}
         if kind in ("tuple", "udt"):
-            return {"type": "record", "name": _avro_name(_struct_name(t)), "namespace": namespace,
-                    "fields": [{"name": _avro_name(n), "type": ["null", FieldMapping(p).avro_schema(namespace)],
-                                "default": None} for n, p in zip(_field_names(t), t.parameters)]}
+            fields = list(zip(avro_names(_field_names(t)), (FieldMapping(p) for p in t.parameters)))
+            return _avro_record(_avro_name(_struct_name(t)), namespace, defined, lambda records: [
+                {"name": n, "type": ["null", m.avro_schema(namespace, records)], "default": None}
+                for n, m in fields])
         if kind == "duration":
-            return {"type": "record", "name": "Duration", "namespace": "cassandra_cdc",
-                    "fields": [{"name": "months", "type": "int"}, {"name": "days", "type": "int"},
-                               {"name": "nanoseconds", "type": "long"}]}
+            return _avro_record("Duration", "cassandra_cdc", defined, lambda records: [
+                {"name": "months", "type": "int"}, {"name": "days", "type": "int"},
+                {"name": "nanoseconds", "type": "long"}])
         raise ValueError(f"no event mapping for CQL type {t.cql}")
 
     def to_avro(self, value: Any) -> Any:
         return _convert(self.cql_type, value, bytes_as_base64=False, map_as_object=False)
 
 
-def _field_names(t: CqlType) -> list[str]:
+def _field_names(t: CqlType) -> tuple[str, ...]:
     if t.kind == "udt":
-        return list(t.field_names)
-    return [f"field{i + 1}" for i in range(len(t.parameters))]
+        return t.field_names
+    return tuple(f"field{i + 1}" for i in range(len(t.parameters)))
 
 
 def _struct_name(t: CqlType) -> str:
@@ -165,6 +173,51 @@ def _struct_name(t: CqlType) -> str:
 def _avro_name(text: str) -> str:
     name = re.sub(r"[^A-Za-z0-9_]", "_", text)
     return name if name and not name[0].isdigit() else "_" + name
+
+
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@cache  # a record's field names, asked for each of its values
+def avro_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Distinct Avro names for the fields of a record (CQL quoted names can have any character).
+
+    A valid name stays as it is; another becomes a valid one, with a suffix if that is taken. So the
+    valid names of a table never change, whatever names are added next to them.
+    """
+    used = {name for name in names if _AVRO_NAME.fullmatch(name)}
+    result = []
+    for name in names:
+        if not _AVRO_NAME.fullmatch(name):
+            base = name = _avro_name(name)
+            suffix = 1
+            while name in used:
+                suffix += 1
+                name = f"{base}_{suffix}"
+            used.add(name)
+        result.append(name)
+    return tuple(result)
+
+
+def _avro_record(name: str, namespace: str, defined: dict[str, str] | None,
+                 fields: Callable[[dict[str, str] | None], list[dict[str, Any]]]) -> Any:
+    """A record, or its full name when ``defined`` (see ``FieldMapping.avro_schema``) has it already.
+
+    ``fields`` gives the record's fields, defining the records they use in the dict it is passed.
+    """
+    record = {"type": "record", "name": name, "namespace": namespace, "fields": fields(None)}
+    if defined is None:
+        return record
+    definition = json.dumps(record, sort_keys=True)
+    if defined.get(f"{namespace}.{name}", definition) != definition:
+        # Another record has the name: tuples are named by the kinds of their elements only (one name for
+        # tuple<frozen<list<int>>> and tuple<frozen<list<text>>>), and names lose their invalid characters.
+        name = f"{name}_{hashlib.sha256(definition.encode()).hexdigest()[:8]}"
+    full_name = f"{namespace}.{name}"
+    if full_name in defined:
+        return full_name
+    defined[full_name] = definition
+    return record | {"name": name, "fields": fields(defined)}
 
 
 def _convert(t: CqlType, value: Any, bytes_as_base64: bool, map_as_object: bool) -> Any:
@@ -190,10 +243,11 @@ def _convert(t: CqlType, value: Any, bytes_as_base64: bool, map_as_object: bool)
         return dict(entries) if string_keys else [{"key": k, "value": v} for k, v in entries]
     if kind in ("tuple", "udt"):
         names = _field_names(t)
-        values = [getattr(value, n) for n in names] if kind == "udt" and not isinstance(value, dict) \
-            else [value.get(n) for n in names] if isinstance(value, dict) else list(value)
-        return {(n if map_as_object else _avro_name(n)): _convert(p, v, bytes_as_base64, map_as_object)
-                for n, p, v in zip(names, t.parameters, values)}
+        # The driver's UDT values are (named) tuples in field order, their attribute names not the CQL names
+        # when those are not Python identifiers.
+        values = [value.get(n) for n in names] if isinstance(value, dict) else list(value)
+        return {n: _convert(p, v, bytes_as_base64, map_as_object)
+                for n, p, v in zip(names if map_as_object else avro_names(names), t.parameters, values)}
     if kind == "duration":
         return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
     raise ValueError(f"no event mapping for CQL type {t.cql}")
