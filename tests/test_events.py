@@ -100,9 +100,11 @@ class FakeRegistry:
 
     def __init__(self) -> None:
         self.subjects: dict[str, Any] = {}
+        self.requests = 0
 
     def register(self, subject: str, schema: Any) -> int:
-        self.subjects.setdefault(subject, schema)
+        self.requests += 1
+        self.subjects.setdefault(subject, json.loads(json.dumps(schema)))  # what goes over HTTP is JSON text
         return list(self.subjects).index(subject) + 1
 
 
@@ -114,6 +116,10 @@ def test_avro_with_a_registry_uses_the_confluent_wire_format() -> None:
     assert magic == 0 and schema_id == 1 and list(registry.subjects) == ["prod.shop.everything-value"]
     record = fastavro.schemaless_reader(io.BytesIO(value[5:]), registry.subjects["prod.shop.everything-value"])
     assert record["op"] == "d" and record["after"] is None and record["before"]["seq"] == 7
+    # The schema as declared, without fastavro's bookkeeping, registered once for any number of events.
+    assert "__fastavro" not in json.dumps(registry.subjects) and registry.subjects["prod.shop.everything-value"][
+        "name"] == "Envelope"
+    assert encoder.value(None, ROW, "c", SOURCE, 2)[:5] == value[:5] and registry.requests == 1
 
 
 @pytest.mark.parametrize("fmt", ["json", "avro"])

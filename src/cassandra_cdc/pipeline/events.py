@@ -110,9 +110,9 @@ class EventEncoder:
             self._value_document = _ConnectDocument(value_schema)
         else:
             namespace = _avro_namespace(self._name)
-            self._avro_key = fastavro.parse_schema(self._avro_record("Key", namespace, self._key_columns))
+            key_schema = self._avro_record("Key", namespace, self._key_columns)
             row = self._avro_record("Value", namespace, self._value_columns)
-            self._avro_value = fastavro.parse_schema({
+            value_schema = {
                 "type": "record", "name": "Envelope", "namespace": namespace,
                 "fields": [{"name": "before", "type": ["null", row], "default": None},
                            {"name": "after", "type": ["null", f"{namespace}.Value"], "default": None},
@@ -120,8 +120,12 @@ class EventEncoder:
                                                        "fields": [{"name": n, "type": ["null", a] if o else a}
                                                                   for n, _, a, o in _SOURCE_FIELDS]}},
                            {"name": "op", "type": "string"},
-                           {"name": "ts_ms", "type": ["null", "long"], "default": None}]})
+                           {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+            self._avro_key, self._avro_value = fastavro.parse_schema(key_schema), fastavro.parse_schema(value_schema)
+            # What a registry is sent: the schemas as declared (a parsed one holds fastavro's own keys).
+            self._declared = {f"{self.topic}-key": key_schema, f"{self.topic}-value": value_schema}
             self._registry = schema_registry
+            self._schema_ids: dict[str, int] = {}
 
     # --- public -----------------------------------------------------------------------------------
 
@@ -177,7 +181,9 @@ class EventEncoder:
         if self._registry is None:
             fastavro.writer(out, schema, [record])  # an object container: the schema travels along
             return out.getvalue()
-        schema_id = self._registry.register(subject, schema)
+        schema_id = self._schema_ids.get(subject)
+        if schema_id is None:  # registered once per encoder, not looked up per event
+            schema_id = self._schema_ids[subject] = self._registry.register(subject, self._declared[subject])
         out.write(struct.pack(">bI", 0, schema_id))  # Confluent wire format: magic 0, schema id
         fastavro.schemaless_writer(out, schema, record)
         return out.getvalue()
