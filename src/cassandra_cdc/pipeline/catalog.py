@@ -21,6 +21,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..schema import Schema, TableMetadata
 from ..topics.schemas import SchemaRecord
+from .source import consume_available
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +88,7 @@ class SchemaCatalog:
         consumer.assign([TopicPartition(self.topic, partition, self._next[partition]) for partition in ends])
         try:
             while ends:
-                # consume() waits its whole timeout unless 1000 records come: short waits, or a refresh
-                # that reads one new definition costs the timeout.
-                for message in consumer.consume(1000, timeout=0.05):
+                for message in consume_available(consumer, 1000):
                     partition, error = message.partition(), message.error()
                     if partition not in ends:
                         continue
