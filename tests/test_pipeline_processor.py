@@ -81,7 +81,7 @@ def test_partitions_pickled_as_objects_are_read_and_stored_as_builtins() -> None
     old, new = pickle.dumps(state), pickle.dumps(state.stored())
     partitions = _Partitions({b"old": (None, old), b"new": (None, new)})
     assert partitions.get(b"old").__reduce__() == partitions.get(b"new").__reduce__() == state.__reduce__()
-    stored = pickle.loads(partitions.dump())  # type: ignore[arg-type]
+    _, stored = pickle.loads(partitions.dump())  # type: ignore[arg-type]
     assert {key: pickle.loads(value) for key, (_, value) in stored.items()} == {b"old": state.stored(),
                                                                                  b"new": state.stored()}
 
@@ -110,6 +110,7 @@ class _MemoryHandle:
         self.current: Any = None
         self.values: dict[Any, _MemoryState] = {}
         self.timers: dict[Any, list[int]] = {}
+        self.timer_listings = 0
 
     def getValueState(self, name: str, schema: Any) -> Any:
         handle = self
@@ -120,6 +121,7 @@ class _MemoryHandle:
         return Current()
 
     def listTimers(self) -> Iterator[int]:
+        self.timer_listings += 1
         return iter(list(self.timers.get(self.current, [])))
 
     def registerTimer(self, expiry: int) -> None:
@@ -237,6 +239,32 @@ def test_a_timer_expires_its_partitions_and_keeps_the_others(processor: Any) -> 
     assert purge > timer + 9 * 86_400_000
     events = run_batch(*processor, copies(Update("app.users", {"id": 2}, {"age": 41}, timestamp=NOW + 1)))
     assert [(e["op"], e["before"]["name"], e["after"]["age"]) for e in events] == [("u", "bob", 41)]
+
+
+def test_a_group_records_its_timer_and_never_asks_spark_for_it(processor: Any) -> None:
+    owner, handle = processor
+    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)))
+    [timer] = handle.timers[(0,)]
+    run_batch(*processor, copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW, ttl=60)))
+    assert handle.timers[(0,)] == [timer]  # the earliest expiry is still the first row's
+    handle.timers[(0,)].remove(timer)  # Spark drops a timer as it fires
+    run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
+    [later] = handle.timers[(0,)]  # the second row's expiry, registered after the first one's fired
+    assert timer + 50_000 < later <= timer + 61_000
+    assert handle.timer_listings == 0
+
+
+def test_a_group_stored_before_timers_were_recorded_asks_spark_once(processor: Any) -> None:
+    owner, handle = processor
+    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)))
+    [timer] = handle.timers[(0,)]
+    state = handle.values[(0,)]
+    _, partitions = pickle.loads(state.value[0])
+    state.value = (pickle.dumps(partitions),)  # the layout of earlier versions: no timer in the state
+    events = run_batch(*processor, copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW)))
+    assert [e["after"]["id"] for e in events] == [2] and handle.timers[(0,)] == [timer]
+    run_batch(*processor, copies(Update("app.users", {"id": 2}, {"age": 41}, timestamp=NOW + 1)))
+    assert handle.timer_listings == 1 and handle.timers[(0,)] == [timer]
 
 
 def test_a_table_without_a_definition_costs_one_schema_read_per_batch(processor: Any, broker: Any,

@@ -116,6 +116,8 @@ class ChangeProcessor(StatefulProcessor):
         now_seconds = now_ms // 1000
         with self._aborted_on_failure():
             partitions = self._load()
+            if partitions.timer != _TIMER_NOT_RECORDED:
+                partitions.timer = None  # the group's one timer fired: Spark has removed it
             for record_key, state in partitions.due(now_seconds):
                 expiry = next_expiry(state)
                 if expiry is None or expiry > now_seconds:
@@ -258,22 +260,33 @@ class ChangeProcessor(StatefulProcessor):
     # --- state ------------------------------------------------------------------------------------
 
     def _load(self) -> "_Partitions":
-        return _Partitions(pickle.loads(self.state.get()[0]) if self.state.exists() else {})
+        return _Partitions.load(self.state.get()[0] if self.state.exists() else None)
 
     def _save(self, partitions: "_Partitions", now_ms: int) -> None:
+        """Store the group's state, with its one timer at the earliest expiry of its partitions.
+
+        The group's state records its timer: every state call costs ~0.4 ms, and asking Spark for the
+        timers (``listTimers``) also costs the JVM the code generation of a timer encoder, per group and
+        batch. An unchanged timer is left alone.
+        """
+        partitions.seal()
+        expiry = partitions.earliest_expiry()
+        wanted = None if expiry is None else max(expiry * 1000, now_ms + 1)
+        if partitions.timer == _TIMER_NOT_RECORDED:
+            registered = list(self.handle.listTimers())
+        else:
+            registered = [] if partitions.timer is None else [partitions.timer]
+        if registered != ([] if wanted is None else [wanted]):
+            for timer in registered:
+                self.handle.deleteTimer(timer)
+            if wanted is not None:
+                self.handle.registerTimer(wanted)
+        partitions.timer = wanted
         stored = partitions.dump()
         if stored is None:
             self.state.clear()
         else:
             self.state.update((stored,))
-        expiry = partitions.earliest_expiry()
-        wanted = [] if expiry is None else [max(expiry * 1000, now_ms + 1)]
-        existing = list(self.handle.listTimers())
-        if existing != wanted:  # every state call costs ~0.4 ms: leave an unchanged timer alone
-            for timer in existing:
-                self.handle.deleteTimer(timer)
-            for timer in wanted:
-                self.handle.registerTimer(timer)
 
 
 @contextlib.contextmanager
@@ -295,16 +308,33 @@ def _collector_paused() -> Iterator[None]:
         gc.enable()
 
 
+# The timer of a group stored before groups recorded theirs: Spark is asked.
+_TIMER_NOT_RECORDED = -1
+
+
 class _Partitions:
-    """The merge states of one group's partitions, each pickled on its own, its next expiry beside it.
+    """The merge states of one group's partitions, each pickled on its own, its next expiry beside it,
+    and the group's timer.
 
     A micro-batch touches some of a group's partitions: only those are unpickled and pickled again,
-    the others stay bytes (copied, never decoded), and timers are set from the stored expiries.
+    the others stay bytes (copied, never decoded), and the timer is set from the stored expiries.
     """
 
-    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]]) -> None:
+    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]], timer: int | None = None) -> None:
         self._stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
         self._opened: dict[bytes, PartitionState] = {}
+        self.timer = timer  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
+
+    @classmethod
+    def load(cls, value: bytes | None) -> "_Partitions":
+        """A group's state value as ``dump`` made it (None: the group has no state)."""
+        if value is None:
+            return cls({})
+        stored = pickle.loads(value)
+        if isinstance(stored, dict):  # stored before groups recorded their timer
+            return cls(stored, _TIMER_NOT_RECORDED)
+        timer, partitions = stored
+        return cls(partitions, timer)
 
     def get(self, key: bytes) -> PartitionState | None:
         state = self._opened.get(key)
@@ -328,13 +358,17 @@ class _Partitions:
         keys = [key for key, (expiry, _) in self._stored.items() if expiry is not None and expiry <= now_seconds]
         return [(key, self.get(key)) for key in keys]  # type: ignore[misc]
 
-    def dump(self) -> bytes | None:
-        """The group's state value with the opened partitions pickled again; None when it has none."""
+    def seal(self) -> None:
+        """Pickle the opened partitions again (and note their next expiries)."""
         for key, state in self._opened.items():
             stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
             self._stored[key] = (next_expiry(state), stored)
         self._opened.clear()
-        return pickle.dumps(self._stored, protocol=pickle.HIGHEST_PROTOCOL) if self._stored else None
+
+    def dump(self) -> bytes | None:
+        """The group's state value, sealed first; None when the group has no partitions."""
+        self.seal()
+        return pickle.dumps((self.timer, self._stored), protocol=pickle.HIGHEST_PROTOCOL) if self._stored else None
 
     def earliest_expiry(self) -> int | None:
         return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)
