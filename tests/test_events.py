@@ -117,8 +117,8 @@ def test_avro_with_a_registry_uses_the_confluent_wire_format() -> None:
     record = fastavro.schemaless_reader(io.BytesIO(value[5:]), registry.subjects["prod.shop.everything-value"])
     assert record["op"] == "d" and record["after"] is None and record["before"]["seq"] == 7
     # The schema as declared, without fastavro's bookkeeping, registered once for any number of events.
-    assert "__fastavro" not in json.dumps(registry.subjects) and registry.subjects["prod.shop.everything-value"][
-        "name"] == "Envelope"
+    registered = registry.subjects["prod.shop.everything-value"]
+    assert "__fastavro" not in json.dumps(registered) and registered["name"] == "Envelope"
     assert encoder.value(None, ROW, "c", SOURCE, 2)[:5] == value[:5] and registry.requests == 1
 
 

@@ -243,9 +243,11 @@ def test_a_timer_expires_its_partitions_and_keeps_the_others(processor: Any) -> 
 
 def test_a_group_records_its_timer_and_never_asks_spark_for_it(processor: Any) -> None:
     owner, handle = processor
-    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)))
+    ann = Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)
+    run_batch(*processor, copies(ann))
     [timer] = handle.timers[(0,)]
-    run_batch(*processor, copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW, ttl=60)))
+    bob = Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW, ttl=60)
+    run_batch(*processor, copies(bob))
     assert handle.timers[(0,)] == [timer]  # the earliest expiry is still the first row's
     handle.timers[(0,)].remove(timer)  # Spark drops a timer as it fires
     run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
@@ -256,12 +258,14 @@ def test_a_group_records_its_timer_and_never_asks_spark_for_it(processor: Any) -
 
 def test_a_group_stored_before_timers_were_recorded_asks_spark_once(processor: Any) -> None:
     owner, handle = processor
-    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)))
+    ann = Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)
+    run_batch(*processor, copies(ann))
     [timer] = handle.timers[(0,)]
     state = handle.values[(0,)]
     _, partitions = pickle.loads(state.value[0])
     state.value = (pickle.dumps(partitions),)  # the layout of earlier versions: no timer in the state
-    events = run_batch(*processor, copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW)))
+    bob = Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW)
+    events = run_batch(*processor, copies(bob))
     assert [e["after"]["id"] for e in events] == [2] and handle.timers[(0,)] == [timer]
     run_batch(*processor, copies(Update("app.users", {"id": 2}, {"age": 41}, timestamp=NOW + 1)))
     assert handle.timer_listings == 1 and handle.timers[(0,)] == [timer]

@@ -121,7 +121,8 @@ class EventEncoder:
                                                                   for n, _, a, o in _SOURCE_FIELDS]}},
                            {"name": "op", "type": "string"},
                            {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
-            self._avro_key, self._avro_value = fastavro.parse_schema(key_schema), fastavro.parse_schema(value_schema)
+            self._avro_key = fastavro.parse_schema(key_schema)
+            self._avro_value = fastavro.parse_schema(value_schema)
             # What a registry is sent: the schemas as declared (a parsed one holds fastavro's own keys).
             self._declared = {f"{self.topic}-key": key_schema, f"{self.topic}-value": value_schema}
             self._registry = schema_registry

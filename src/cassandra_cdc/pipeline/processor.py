@@ -368,7 +368,9 @@ class _Partitions:
     def dump(self) -> bytes | None:
         """The group's state value, sealed first; None when the group has no partitions."""
         self.seal()
-        return pickle.dumps((self.timer, self._stored), protocol=pickle.HIGHEST_PROTOCOL) if self._stored else None
+        if not self._stored:
+            return None
+        return pickle.dumps((self.timer, self._stored), protocol=pickle.HIGHEST_PROTOCOL)
 
     def earliest_expiry(self) -> int | None:
         return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)

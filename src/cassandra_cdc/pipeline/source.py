@@ -553,6 +553,6 @@ def _arrow_batches(chunks: Iterator[list[Message]], topic: str, partition: int) 
         ], schema=ARROW_SCHEMA)
 
 
-__all__ = ["DataLossError", "KafkaDataSource", "KafkaInputPartition", "KafkaSourceError", "OffsetRange", "RANGES_SCHEMA",
-           "SCHEMA", "SOURCE_NAME", "SourceOptions", "admit", "consume_available", "consume_range", "group_ranges",
-           "read_range"]
+__all__ = ["DataLossError", "KafkaDataSource", "KafkaInputPartition", "KafkaSourceError", "OffsetRange",
+           "RANGES_SCHEMA", "SCHEMA", "SOURCE_NAME", "SourceOptions", "admit", "consume_available",
+           "consume_range", "group_ranges", "read_range"]
