@@ -107,7 +107,10 @@ class SinkSettings:
         """Defaults, then ``producer``, then ``settings`` (what the sink's guarantee needs)."""
         config: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
-            "linger.ms": 5,
+            # A task's commit (or flush) sends what is left at once, whatever linger.ms: a longer linger only
+            # makes fewer, larger batches of the events a task sends as it goes. 5 -> 100 ms: the broker's CPU
+            # in the throughput benchmark 9.4-9.7 -> 7.2-8.0 s, steady batches 5.0 -> 4.6 s per 250k records.
+            "linger.ms": 100,
             "compression.type": "lz4",
             "queue.buffering.max.messages": 1_000_000,
             "transaction.timeout.ms": 60_000,
