@@ -13,6 +13,7 @@ import base64
 import copy
 import dataclasses
 import gc
+import io
 import itertools
 import json
 import pickle
@@ -20,6 +21,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
+import fastavro
 import pandas as pd
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -167,25 +169,34 @@ class _Events:
         return values
 
 
-@pytest.fixture
-def processor(broker: Any, spark: Any, monkeypatch: Any) -> Iterator[tuple[ChangeProcessor, _MemoryHandle]]:
-    record = SchemaRecord.of(SCHEMA.table("app", "users"), "node1")
+def started_processor(broker: Any, monkeypatch: Any, tables: list[Any],
+                      fmt: str = "json") -> tuple[ChangeProcessor, _MemoryHandle]:
+    """A processor writing ``fmt`` events, the definitions of ``tables`` on its schema topic."""
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
-    producer.produce(SERVER, record.encode(), record.key)
+    for table in tables:
+        record = SchemaRecord.of(table, "node1")
+        producer.produce(SERVER, record.encode(), record.key)
     producer.flush(30)
     query = uuid.uuid4().hex  # each test writes as a query of its own: its markers are its own
     sink = SinkSettings(broker.bootstrap_servers, f"{SERVER}.commits", f"test-{query}", topic_partitions=1)
     processor = ChangeProcessor(ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER, f"{SERVER}.errors",
-                                                  sink=sink))
+                                                  format=fmt, sink=sink))  # type: ignore[arg-type]
     batch_ids = itertools.count()
     monkeypatch.setattr(Task, "current", classmethod(lambda cls: Task(processor.batch_id, 0, query)))
     processor.batch_id = next(batch_ids)  # type: ignore[attr-defined]
     processor.next_batch = lambda: setattr(processor, "batch_id", next(batch_ids))  # type: ignore[attr-defined]
-    processor.events = _Events(broker, [f"{SERVER}.{table}" for table in ("app.users", "app.late", "errors")])  # type: ignore[attr-defined]
+    topics = [f"{SERVER}.{table.qualified_name}" for table in tables] + [f"{SERVER}.app.late", f"{SERVER}.errors"]
+    processor.events = _Events(broker, topics)  # type: ignore[attr-defined]
     handle = _MemoryHandle()
     processor.init(handle)  # type: ignore[arg-type]
-    yield processor, handle
-    processor.close()
+    return processor, handle
+
+
+@pytest.fixture
+def processor(broker: Any, spark: Any, monkeypatch: Any) -> Iterator[tuple[ChangeProcessor, _MemoryHandle]]:
+    started = started_processor(broker, monkeypatch, [SCHEMA.table("app", "users")])
+    yield started
+    started[0].close()
 
 
 def run_task(processor: ChangeProcessor, call: Any, topic: str = f"{SERVER}.app.users") -> list[dict[str, Any]]:
@@ -269,6 +280,29 @@ def test_a_group_stored_before_timers_were_recorded_asks_spark_once(processor: A
     assert [e["after"]["id"] for e in events] == [2] and handle.timers[(0,)] == [timer]
     run_batch(*processor, copies(Update("app.users", {"id": 2}, {"age": 41}, timestamp=NOW + 1)))
     assert handle.timer_listings == 1 and handle.timers[(0,)] == [timer]
+
+
+def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carry(broker: Any, spark: Any,
+                                                                                   monkeypatch: Any) -> None:
+    """A partition with static values and no rows is a row with null clustering columns, in its key too."""
+    schema = parse_schema("""CREATE TABLE app.carts (id int, line int, owner text static, qty int,
+        PRIMARY KEY (id, line)) WITH ID = 7d0e7a10-0000-4000-8000-00000000000d AND cdc = true;""")
+    owner, handle = started_processor(broker, monkeypatch, [schema.table("app", "carts")], fmt="avro")
+    try:
+        update = MutationSerializer.serialize(Mutation(to_mutation(
+            Update("app.carts", {"id": 1}, {"owner": "ann"}, timestamp=NOW), schema).updates), 7)[1:]
+        records = [(record_key(update), RawRecord(node, 1, 100, 7, NOW, update).encode()) for node in ("a", "b")]
+        frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
+                              "partition": [0, 0], "offset": [0, 1]})
+        owner.init(handle)
+        list(owner.handleInputRows((0,), iter([frame]), _Clock()))
+        owner.close()
+        [value] = owner.events.read(f"{SERVER}.app.carts")  # type: ignore[attr-defined]
+        event = next(fastavro.reader(io.BytesIO(value)))
+        assert (event["op"], event["before"], event["after"]) == (
+            "c", None, {"id": 1, "line": None, "owner": "ann", "qty": None})
+    finally:
+        owner.close()
 
 
 def test_a_table_without_a_definition_costs_one_schema_read_per_batch(processor: Any, broker: Any,

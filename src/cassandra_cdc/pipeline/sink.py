@@ -109,7 +109,7 @@ class SinkSettings:
             "bootstrap.servers": self.bootstrap_servers,
             # A task's commit (or flush) sends what is left at once, whatever linger.ms: a longer linger only
             # makes fewer, larger batches of the events a task sends as it goes. 5 -> 100 ms: the broker's CPU
-            # in the throughput benchmark 9.4-9.7 -> 7.2-8.0 s, steady batches 5.0 -> 4.6 s per 250k records.
+            # in the throughput benchmark 9.4-9.7 -> 7.2-8.4 s, steady batches 5.0 -> 4.6 s per 250k records.
             "linger.ms": 100,
             "compression.type": "lz4",
             "queue.buffering.max.messages": 1_000_000,
