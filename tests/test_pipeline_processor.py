@@ -185,7 +185,7 @@ def started_processor(broker: Any, monkeypatch: Any, tables: list[Any],
     monkeypatch.setattr(Task, "current", classmethod(lambda cls: Task(processor.batch_id, 0, query)))
     processor.batch_id = next(batch_ids)  # type: ignore[attr-defined]
     processor.next_batch = lambda: setattr(processor, "batch_id", next(batch_ids))  # type: ignore[attr-defined]
-    topics = [f"{SERVER}.{table.qualified_name}" for table in tables] + [f"{SERVER}.app.late", f"{SERVER}.errors"]
+    topics = [f"{SERVER}.{name}" for name in [table.qualified_name for table in tables] + ["app.late", "errors"]]
     processor.events = _Events(broker, topics)  # type: ignore[attr-defined]
     handle = _MemoryHandle()
     processor.init(handle)  # type: ignore[arg-type]
@@ -291,7 +291,8 @@ def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carr
     try:
         update = MutationSerializer.serialize(Mutation(to_mutation(
             Update("app.carts", {"id": 1}, {"owner": "ann"}, timestamp=NOW), schema).updates), 7)[1:]
-        records = [(record_key(update), RawRecord(node, 1, 100, 7, NOW, update).encode()) for node in ("a", "b")]
+        records = [(record_key(update), RawRecord(node, 1, 100, 7, NOW, update).encode())
+                   for node in ("node1", "node2")]
         frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
                               "partition": [0, 0], "offset": [0, 1]})
         owner.init(handle)
