@@ -185,7 +185,8 @@ def started_processor(broker: Any, monkeypatch: Any, tables: list[Any],
     monkeypatch.setattr(Task, "current", classmethod(lambda cls: Task(processor.batch_id, 0, query)))
     processor.batch_id = next(batch_ids)  # type: ignore[attr-defined]
     processor.next_batch = lambda: setattr(processor, "batch_id", next(batch_ids))  # type: ignore[attr-defined]
-    topics = [f"{SERVER}.{name}" for name in [table.qualified_name for table in tables] + ["app.late", "errors"]]
+    names = [table.qualified_name for table in tables] + ["app.late", "errors"]
+    topics = [f"{SERVER}.{name}" for name in names]
     processor.events = _Events(broker, topics)  # type: ignore[attr-defined]
     handle = _MemoryHandle()
     processor.init(handle)  # type: ignore[arg-type]
