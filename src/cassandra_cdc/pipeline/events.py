@@ -110,8 +110,8 @@ class EventEncoder:
             self._value_document = _ConnectDocument(value_schema)
         else:
             namespace = _avro_namespace(self._name)
-            key_schema = self._avro_record("Key", namespace, self._key_columns)
-            row = self._avro_record("Value", namespace, self._value_columns)
+            key_schema = self._avro_columns("Key", namespace, self._key_columns)
+            row = self._avro_columns("Value", namespace, self._value_columns)
             value_schema = {
                 "type": "record", "name": "Envelope", "namespace": namespace,
                 "fields": [{"name": "before", "type": ["null", row], "default": None},
@@ -168,7 +168,8 @@ class EventEncoder:
                 "fields": [c.mapping.connect_schema(optional=c.optional, field=c.field) for c in columns]}
 
     @staticmethod
-    def _avro_record(name: str, namespace: str, columns: list[_Column]) -> dict:
+    def _avro_columns(name: str, namespace: str, columns: list[_Column]) -> dict:
+        """The record of a key's or a row's columns (``types._avro_record`` makes those of the CQL types)."""
         defined: dict[str, str] = {}  # the key and the value are separate schemas: each defines its records
         fields = []
         for column in columns:
