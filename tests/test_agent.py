@@ -37,6 +37,7 @@ from cassandra_cdc.agent import Agent, AgentConfig, ConfigError, load_config
 from cassandra_cdc.agent.deliveries import MARKER_INTERVAL, Deliveries
 from cassandra_cdc.agent.metrics import LatencyHistogram
 from cassandra_cdc.agent.publisher import Publisher
+from cassandra_cdc.agent.cdc_raw import read_cdc_index
 from cassandra_cdc.agent.state import STATE_FILE
 from cassandra_cdc.cli.main import app
 from cassandra_cdc.commitlog import Mutation, PartitionUpdateSerializer
@@ -45,6 +46,8 @@ from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import EmbeddedBroker, Insert, SimulatedNode, Workload, to_mutation
 from cassandra_cdc.topics.raw import RawRecord, record_key
 from cassandra_cdc.topics.schemas import SchemaRecord
+
+from conftest import COMMITLOGS
 
 SCHEMA_CQL = """
 CREATE TABLE ks.users (id int PRIMARY KEY, name text, age int, emails set<text>, prefs map<text, int>)
@@ -1217,3 +1220,192 @@ def test_missing_paths_are_configuration_errors(tmp_path: Path) -> None:
         result = runner.invoke(app, ["agent", "--config", str(path)])
         assert result.exit_code == 2, result.output
         assert result.output.startswith("error: ") and fragment in result.output and len(result.output.splitlines()) == 1
+
+
+# --- segments the agent cannot read whole ----------------------------------------------------------------
+
+ENCRYPTED_SEGMENT = COMMITLOGS / "3.4-encrypted" / "CommitLog-6-1480001790338.log"
+KEYSTORE = COMMITLOGS / "keystores" / "cassandra.keystore"
+
+
+def quarantined_whole(h: Harness, name: str) -> Path:
+    return h.state_dir / "quarantine" / name
+
+
+def flip_header_crc(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    crc_offset = 14 + int.from_bytes(data[12:14], "big")  # version 4, id 8, params length 2, params
+    data[crc_offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def random_header(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[:64] = bytes(range(7, 71))
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("damage", [flip_header_crc, random_header])
+def test_segment_whose_header_cannot_be_read_is_kept_whole_and_reported(
+        harness: MakeHarness, damage: Callable[[Path], None]) -> None:
+    """A COMPLETED segment the agent cannot open is neither skipped nor deleted: it is moved, byte for byte
+    and with its idx, into the quarantine, named on the errors topic and counted; the next one is read."""
+    h = harness(segment_size=32 * 1024)
+    h.write(100)
+    unreadable = h.node.active_segment
+    unreadable_id = unreadable.descriptor.segment_id
+    h.write(400)  # rolls over: later segments are readable
+    h.node.close()
+    assert h.node.active_segment is None or h.node.active_segment.descriptor.segment_id != unreadable_id
+    damage(h.cdc_raw / unreadable.path.name)
+    original = (h.cdc_raw / unreadable.path.name).read_bytes()
+    index = h.cdc_raw / f"{unreadable.path.stem}_cdc.idx"
+    index_text = index.read_text()
+    expected = {k: v for k, v in h.expected.items() if k[0] != unreadable_id}
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        errors = h.reader(f"{h.server}.errors")
+        raw.wait_for(lambda: raw.has_all(expected), "the readable segments")
+        errors.wait_for(lambda: errors.messages, "the unreadable segment on the errors topic")
+        wait_until(lambda: not h.segment_files(), "cdc_raw emptied")
+        assert metric(agent, "cdc_agent_segments_quarantined_total") == 1
+        assert metric(agent, "cdc_agent_errors_total", kind="unreadable_header") == 1
+        raw.poll(0.2)
+    assert_published_exactly(raw, expected)
+    assert quarantined_whole(h, unreadable.path.name).read_bytes() == original
+    assert quarantined_whole(h, index.name).read_text() == index_text
+    letter = json.loads(errors.messages[0].value())
+    assert letter["segment"] == unreadable.path.name and letter["kind"] == "UNREADABLE_HEADER"
+    assert letter["kept_whole_in"] == str(quarantined_whole(h, unreadable.path.name))
+
+
+def test_bad_sync_marker_keeps_the_segment_whole(harness: MakeHarness) -> None:
+    """Cassandra's reader stops at a sync marker whose CRC fails (it cannot know where the sections after it
+    are): the agent publishes what comes before, reports the damage, and moves the segment whole into the
+    quarantine instead of deleting the intact entries after the marker with it."""
+    h = harness(segment_size=1024 * 1024)
+    users = SCHEMA.table("ks", "users")
+    segment = h.node.active_segment
+    segment_id = segment.descriptor.segment_id
+    before = [h.insert("ks.users", id=i, name=f"user{i}")[1] for i in range(10)]
+    h.node.sync()
+    after = [h.insert("ks.users", id=i, name=f"user{i}")[1] for i in range(10, 20)]
+    h.node.sync()
+    h.node.close()
+    # Plain segment: the second section's marker sits right after the first section's last entry.
+    marker = before[-1]
+    with open(h.cdc_raw / segment.path.name, "r+b") as f:
+        f.seek(marker + 4)
+        crc = f.read(1)
+        f.seek(marker + 4)
+        f.write(bytes([crc[0] ^ 0xFF]))
+    original = (h.cdc_raw / segment.path.name).read_bytes()
+    for position in after:
+        del h.expected[(segment_id, position, users.id)]
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        errors = h.reader(f"{h.server}.errors")
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes before the bad marker")
+        wait_until(lambda: not h.segment_files(), "cdc_raw emptied")
+        errors.wait_for(lambda: errors.messages, "the damage on the errors topic")
+        assert metric(agent, "cdc_agent_segments_quarantined_total") == 1
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    letter = json.loads(errors.messages[0].value())
+    assert letter["kind"] == "BAD_SYNC_MARKER_CRC" and letter["file_offset"] == marker
+    assert quarantined_whole(h, segment.path.name).read_bytes() == original
+    assert (h.state_dir / "quarantine" / f"{segment.path.stem}_cdc.idx").exists()
+
+
+def test_idx_offset_past_the_end_of_the_segment_is_reported(harness: MakeHarness,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """An idx file saying more is durable than the segment holds: a warning naming the file, and the segment
+    kept whole rather than deleted."""
+    h = harness()
+    h.write(50)
+    segment = h.node.active_segment
+    h.node.close()
+    size = (h.cdc_raw / segment.path.name).stat().st_size
+    (h.cdc_raw / f"{segment.path.stem}_cdc.idx").write_text(f"{size + 4096}\nCOMPLETED")
+    with caplog.at_level(logging.WARNING), running(h.config()):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        wait_until(lambda: not h.segment_files(), "cdc_raw emptied")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(segment.path.name in message and str(size + 4096) in message for message in warnings)
+    assert quarantined_whole(h, segment.path.name).exists()
+
+
+@pytest.mark.parametrize("text, offset, completed", [
+    ("4096\n", 4096, False), ("4096\nCOMPLETED\n", 4096, True), ("4096\r\nCOMPLETED\r\n", 4096, True)])
+def test_idx_file_ending_with_a_line_break_is_read(tmp_path: Path, text: str, offset: int,
+                                                   completed: bool) -> None:
+    """``echo 4096 > x_cdc.idx`` writes a trailing newline: the offset is read, not retried as mid-rewrite."""
+    path = tmp_path / "CommitLog-7-1_cdc.idx"
+    path.write_text(text, newline="")
+    index = read_cdc_index(path)
+    assert index is not None and (index.offset, index.completed) == (offset, completed)
+
+
+def offline_config_file(tmp_path: Path, cdc_raw: Path, **changes: Any) -> Path:
+    """An agent configuration for tests that stop before Kafka is contacted."""
+    schema = tmp_path / "schema.cql"
+    schema.write_text(SCHEMA_CQL)
+    path = tmp_path / "agent.yaml"
+    path.write_text(yaml.safe_dump(with_changes(cdc_raw=str(cdc_raw), state_dir=str(tmp_path / "state"),
+                                                schema={"file": str(schema)}, metrics={"port": 0},
+                                                kafka={"bootstrap_servers": "127.0.0.1:1"}, **changes)))
+    return path
+
+
+def encrypted_cdc_raw(tmp_path: Path) -> Path:
+    cdc_raw = tmp_path / "cdc_raw"
+    cdc_raw.mkdir()
+    (cdc_raw / ENCRYPTED_SEGMENT.name).write_bytes(ENCRYPTED_SEGMENT.read_bytes())
+    return cdc_raw
+
+
+@pytest.mark.parametrize("encryption, message", [
+    ({}, "no key for alias 'testing:1'"),
+    ({"keys": {"testing:1": "00" * 16}}, "does not decrypt with the key of alias 'testing:1'"),
+])
+def test_encrypted_segment_without_its_key_is_a_configuration_error(
+        tmp_path: Path, encryption: dict[str, Any], message: str) -> None:
+    """A segment the keys given cannot decrypt stops the agent at start (exit 2, one line naming the segment),
+    before anything is read; the segment stays in cdc_raw."""
+    cdc_raw = encrypted_cdc_raw(tmp_path)
+    path = offline_config_file(tmp_path, cdc_raw, encryption=encryption)
+    result = CliRunner().invoke(app, ["agent", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {cdc_raw / ENCRYPTED_SEGMENT.name}: ") \
+        and message in lines[0], result.output
+    assert (cdc_raw / ENCRYPTED_SEGMENT.name).read_bytes() == ENCRYPTED_SEGMENT.read_bytes()
+
+
+@pytest.mark.parametrize("encryption, message", [
+    ({"keystore": str(KEYSTORE), "keystore_password": "wrong"}, "cannot open keystore"),
+    ({"keystore": str(KEYSTORE), "keystore_password": "cassandra", "key_password": "wrong"},
+     "wrong key password for alias"),
+    ({"keystore": "/nonexistent/cassandra.keystore", "keystore_password": "cassandra"}, "No such file"),
+    ({"keys": {"testing:1": "not hex"}}, "encryption.keys"),
+])
+def test_keystore_errors_stop_the_agent_with_one_line(tmp_path: Path, encryption: dict[str, Any],
+                                                      message: str) -> None:
+    path = offline_config_file(tmp_path, tmp_path, encryption=encryption)
+    result = CliRunner().invoke(app, ["agent", "--config", str(path)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: encryption."), result.output
+    assert message in lines[0]
+
+
+def test_encrypted_segment_with_its_key_is_published_and_cleaned_up(harness: MakeHarness) -> None:
+    """The real encrypted segment, its keystore given: read to the end and deleted, nothing quarantined."""
+    h = harness()
+    (h.cdc_raw / ENCRYPTED_SEGMENT.name).write_bytes(ENCRYPTED_SEGMENT.read_bytes())
+    config = h.config(encryption={"keystore": str(KEYSTORE), "keystore_password": "cassandra"})
+    with running(config) as agent:
+        wait_until(lambda: ENCRYPTED_SEGMENT.name not in h.segment_files(), "the encrypted segment published")
+        assert metric(agent, "cdc_agent_segments_quarantined_total") == 0
+    assert not list((h.state_dir / "quarantine").iterdir())

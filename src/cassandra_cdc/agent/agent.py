@@ -4,7 +4,9 @@ One pass over ``cdc_raw`` reads each segment from its saved position up to what 
 durable (the ``_cdc.idx`` offset; a 3.x segment is complete when it appears), oldest segment first,
 and never past a segment that is still being written, so changes to a partition reach Kafka in the
 order the node wrote them. A segment's position only advances over entries whose records Kafka has
-acknowledged; a segment is cleaned up once it is COMPLETED and fully acknowledged.
+acknowledged; a segment is cleaned up once it is COMPLETED and fully acknowledged. A segment some of whose
+bytes were neither published nor quarantined on their own (a header or section it cannot read, framing it
+cannot follow) is never cleaned up: it is moved whole into the quarantine directory.
 """
 
 from __future__ import annotations
@@ -19,22 +21,23 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
+from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
 
 from ..commitlog import Damage, KeyStore, SegmentReader, UnknownTableError
-from ..commitlog.errors import CommitLogError, MutationDecodeError
+from ..commitlog.errors import CommitLogError, DescriptorError, MutationDecodeError
 from ..commitlog.mutation import split_partition_updates
 from ..commitlog.reader import DamageKind, Entry
 from ..schema import TableMetadata
 from ..topics.raw import encode_update
 from ..topics.schemas import SchemaRecord
 from .cdc_raw import CdcSegment, ChangeNotifier, cdc_raw_bytes, list_segments, read_cdc_index
-from .config import AgentConfig
+from .config import AgentConfig, ConfigError
 from .deliveries import Deliveries, Watermark
 from .metrics import AgentMetrics
-from .publisher import Publisher
-from .state import PositionStore
+from .publisher import DeliveryFailed, Publisher
+from .state import PositionStore, StateError, private_directory, write_private
 from .tables import TableRegistry
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,10 @@ SPACE_CHECK_SECONDS = 1.0
 # acknowledged, and every record produced lands in memory not touched before (page faults and cache misses, 5% of
 # the agent's CPU).
 HOUSEKEEPING_ENTRIES = 1000
+# Damage after which bytes of the segment are neither published nor quarantined on their own (the rest of a
+# section or of the segment is given up): the segment is kept whole.
+WHOLE_SEGMENT_DAMAGE = frozenset(DamageKind) - {
+    DamageKind.ENTRY_CRC_MISMATCH, DamageKind.UNDECODABLE_MUTATION, DamageKind.SEGMENT_ID_MISMATCH}
 
 
 class SegmentProgress:
@@ -63,11 +70,12 @@ class SegmentProgress:
     """
 
     def __init__(self, segment: CdcSegment, acknowledged: int, deliveries: Deliveries,
-                 published: defaultdict[str, int], completed: bool = False) -> None:
+                 published: defaultdict[str, int], completed: bool = False, damaged: bool = False) -> None:
         self.segment = segment
         self._acknowledged = acknowledged
         self.read_position = acknowledged  # every entry before it is published (its records queued)
         self.read_all = completed
+        self.damaged = damaged  # bytes neither published nor quarantined: kept whole, never cleaned up
         self.index_offset: int | None = None
         self.resume: tuple[int, int, int] | None = None  # where the sections read so far end (SegmentReader)
         self.changed_at = time.monotonic()
@@ -110,6 +118,7 @@ class Agent:
         self.positions = PositionStore(config.state_dir)
         self.tables = TableRegistry(config)
         self.keystore = _keystore(config)
+        self._check_keys()
         self.publisher = Publisher(config.kafka.bootstrap_servers, config.kafka.max_buffered_bytes,
                                    config.kafka.producer, on_reachability=self._kafka_reachability)
         self.deliveries = Deliveries(self.publisher, self.metrics.delivery_latency)
@@ -127,7 +136,7 @@ class Agent:
         self._stopping = threading.Event()
         self._last_flush = self._last_space_check = 0.0
         self._space_warned = False
-        config.quarantine.mkdir(parents=True, exist_ok=True)
+        private_directory(config.quarantine)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -136,7 +145,8 @@ class Agent:
         self.notifier.wake()
 
     def run(self) -> int:
-        """Run until stopped (SIGTERM/SIGINT); return the process exit status."""
+        """Run until stopped (SIGTERM/SIGINT); return the process exit status: 2 for a configuration error met
+        while running (a segment's key missing), 1 when positions cannot be saved or Kafka failed for good."""
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
@@ -145,22 +155,39 @@ class Agent:
             return 0  # stopped while waiting for Kafka: nothing was read
         log.info("agent %s tailing %s into %s", self.config.node_id, self.config.cdc_raw, self.config.raw_topic)
         self.notifier.start()
+        failure: Exception | None = None
         try:
             while not self._stopping.is_set():
                 progressed = self.run_once()
                 if not progressed:
                     self._wait_for_change()
+        except (ConfigError, StateError, DeliveryFailed) as error:
+            failure = error
         finally:
             self.notifier.stop()
+            # After a delivery failure, what Kafka acknowledged before may be gone too: nothing more is saved.
+            if not isinstance(failure, DeliveryFailed):
+                failure = self._drain() or failure
+        if failure is not None:
+            log.error("agent stopped: %s", failure)
+            return 2 if isinstance(failure, ConfigError) else 1
+        return 0
+
+    def _drain(self) -> Exception | None:
+        """Finish in-flight deliveries and save the positions; the failure that prevented it, if any."""
+        try:
             self.deliveries.seal(self._while_blocked)
             remaining = self.publisher.flush(SHUTDOWN_FLUSH_SECONDS)
+            self.publisher.raise_failure()
             self._save_positions()
-            if remaining:
-                log.warning("agent stopped with %d records unacknowledged: they are published again on restart",
-                            remaining)
-            else:
-                log.info("agent stopped; everything read is acknowledged")
-        return 0
+        except (DeliveryFailed, StateError) as error:
+            return error
+        if remaining:
+            log.warning("agent stopped with %d records unacknowledged: they are published again on restart",
+                        remaining)
+        else:
+            log.info("agent stopped; everything read is acknowledged")
+        return None
 
     def _ensure_topics(self) -> bool:
         """Create missing topics, waiting while Kafka is unreachable; False if stopped meanwhile."""
@@ -242,7 +269,8 @@ class Agent:
         if progress is None:
             saved = self.positions.get(segment.segment_id)
             progress = SegmentProgress(segment, saved.position if saved else 0, self.deliveries,
-                                       self.metrics.records_published, saved.completed if saved else False)
+                                       self.metrics.records_published, saved.completed if saved else False,
+                                       saved.damaged if saved else False)
             self._progress[segment.segment_id] = progress
         return progress
 
@@ -288,6 +316,8 @@ class Agent:
         start = progress.read_position
 
         def on_damage(damage: Damage) -> None:
+            if damage.kind in WHOLE_SEGMENT_DAMAGE:
+                progress.damaged = True
             # Each read of a live segment walks its sections from the first one again, so it meets the damage of
             # the sections read before once more: dead-letter each damage once (before ``start``: done already).
             where = _damage_position(damage)
@@ -300,11 +330,16 @@ class Agent:
                                    on_damage=on_damage, resume=progress.resume)
         except FileNotFoundError:
             return False  # removed meanwhile (Cassandra discards segments without CDC data)
-        except CommitLogError as error:
+        except DescriptorError as error:
             if final:
-                log.error("%s cannot be read (%s): skipping it", segment.path, error.reason)
-                progress.read_all = True
+                self._unreadable(progress, error.reason, error.offset or 0)
             return False
+        except ValueError as error:  # a header naming a compressor or cipher nobody knows
+            if final:
+                self._unreadable(progress, str(error), 0)
+            return False
+        except CommitLogError as error:  # its key is not in the keystore
+            raise ConfigError(_key_error(segment, error.reason)) from None
         with reader:
             try:
                 version = reader.version
@@ -323,6 +358,8 @@ class Agent:
                 if not self._stopping.is_set():
                     progress.read_position = max(progress.read_position, reader.position)
                     progress.read_all = final
+                    if limit is not None and reader.finished and reader.position < limit:
+                        self._short_of_index(progress, reader.position, limit)
             finally:
                 self.deliveries.seal(self._while_blocked)  # the records held back, so that they report delivery
                 self._checkpoint(progress)
@@ -404,6 +441,23 @@ class Agent:
 
     # --- damage -----------------------------------------------------------------------------------
 
+    def _short_of_index(self, progress: SegmentProgress, end: int, durable: int) -> None:
+        """The segment ends before the offset its idx file says Cassandra made durable: bytes are missing."""
+        if not progress.damaged:
+            progress.damaged = True
+            log.warning("%s ends at position %d, short of the %d its idx file says Cassandra made durable: "
+                        "the segment is kept whole in %s", progress.segment.path, end, durable,
+                        self.config.quarantine)
+
+    def _unreadable(self, progress: SegmentProgress, reason: str, file_offset: int) -> None:
+        """A segment whose header cannot be read: to the dead letters, then kept whole once acknowledged."""
+        progress.damaged = True
+        damage = Damage(str(progress.segment.path), DamageKind.UNREADABLE_HEADER, reason, file_offset, 0)
+        if self._dead_letter(progress, damage):
+            progress.read_all = True
+        self.deliveries.seal(self._while_blocked)
+        self._checkpoint(progress)
+
     def _dead_letter(self, progress: SegmentProgress, damage: Damage) -> bool:
         """A damaged entry or section: to the errors topic and the quarantine directory, then on. False if stopped
         while Kafka's queue was full."""
@@ -415,10 +469,12 @@ class Agent:
                   "section": damage.section, "file_offset": damage.file_offset, "position": damage.position,
                   "kind": damage.kind.name, "reason": f"{damage.kind.value}: {damage.detail}",
                   "raw": base64.b64encode(damage.raw).decode()}
+        if damage.kind in WHOLE_SEGMENT_DAMAGE:
+            report["kept_whole_in"] = str(self.config.quarantine / segment.path.name)
         stem = f"{segment.path.name}@{where}"
-        (self.config.quarantine / f"{stem}.json").write_text(json.dumps(report, indent=1))
+        write_private(self.config.quarantine / f"{stem}.json", json.dumps(report, indent=1).encode())
         if damage.raw:
-            (self.config.quarantine / f"{stem}.bin").write_bytes(damage.raw)
+            write_private(self.config.quarantine / f"{stem}.bin", damage.raw)
         if not self.deliveries.send(self.config.errors_topic, stem.encode(), json.dumps(report).encode(),
                                     self._while_blocked):
             return False
@@ -445,7 +501,8 @@ class Agent:
     def _save_positions(self) -> None:
         behind = 0
         for segment_id, progress in self._progress.items():
-            self.positions.set(segment_id, progress.segment.path.name, progress.acknowledged, progress.done)
+            self.positions.set(segment_id, progress.segment.path.name, progress.acknowledged, progress.done,
+                               progress.damaged)
             if progress.index_offset is not None:
                 behind += max(0, progress.index_offset - progress.acknowledged)
         self.positions.save()
@@ -476,21 +533,35 @@ class Agent:
                         self.config.kafka.bootstrap_servers)
 
     def _finish(self, progress: SegmentProgress) -> None:
-        """A COMPLETED, fully acknowledged segment: record that durably, then clean it up."""
+        """A COMPLETED, fully acknowledged segment: record that durably, then clean it up (or, damaged, move
+        it whole into the quarantine)."""
         segment = progress.segment
-        self.positions.set(segment.segment_id, segment.path.name, progress.acknowledged, completed=True)
+        self.positions.set(segment.segment_id, segment.path.name, progress.acknowledged, completed=True,
+                           damaged=progress.damaged)
         self.positions.save()
-        cleanup = self.config.cleanup
-        if cleanup.mode == "keep":
-            return
         # The idx first: a crash between the two leaves the segment, which the restarted agent finishes cleaning up
         # (its saved position says completed), rather than an idx nothing would ever remove.
         files = [p for p in (segment.index_path, segment.path) if p.exists()]
+        if progress.damaged:
+            _move(files, self.config.quarantine)
+            self.metrics.segments_quarantined.inc()
+            log.error("%s could not be read completely (its damage is on %s): moved whole into %s; to read "
+                      "it again, move it and its idx file back into %s", segment.path.name,
+                      self.config.errors_topic, self.config.quarantine, self.config.cdc_raw)
+        elif not self._clean_up(segment, files):
+            return
+        self.positions.forget(segment.segment_id)
+        self.positions.save()
+        del self._progress[segment.segment_id]
+
+    def _clean_up(self, segment: CdcSegment, files: list[Path]) -> bool:
+        """Apply ``cleanup.mode`` to a published segment's files; whether they are gone from cdc_raw."""
+        cleanup = self.config.cleanup
+        if cleanup.mode == "keep":
+            return False
         if cleanup.mode == "archive":
             assert cleanup.archive_dir is not None
-            cleanup.archive_dir.mkdir(parents=True, exist_ok=True)
-            for path in files:
-                shutil.move(str(path), cleanup.archive_dir / path.name)
+            _move(files, private_directory(cleanup.archive_dir))
         elif cleanup.mode == "command":
             assert cleanup.command is not None
             command = cleanup.command.format(segment=segment.path, index=segment.index_path)
@@ -498,16 +569,23 @@ class Agent:
             if result.returncode != 0:
                 log.error("cleanup command for %s failed (exit %d): %s; retrying later", segment.path.name,
                           result.returncode, result.stderr.strip()[-500:])
-                return
+                return False
             for path in files:
                 path.unlink(missing_ok=True)
         else:
             for path in files:
                 path.unlink(missing_ok=True)
         log.info("%s published completely (%s)", segment.path.name, cleanup.mode)
-        self.positions.forget(segment.segment_id)
-        self.positions.save()
-        del self._progress[segment.segment_id]
+        return True
+
+    def _check_keys(self) -> None:
+        """Every encrypted segment still to read must decrypt with the keys given: a ConfigError otherwise."""
+        for segment in list_segments(self.config.cdc_raw):
+            saved = self.positions.get(segment.segment_id)
+            if saved is None or not saved.completed:
+                problem = _key_problem(segment, self.keystore)
+                if problem is not None:
+                    raise ConfigError(_key_error(segment, problem))
 
 
 class _Route:
@@ -528,8 +606,43 @@ def _damage_position(damage: Damage) -> int:
     return damage.position if damage.position is not None else damage.file_offset
 
 
+def _move(files: list[Path], directory: Path) -> None:
+    for path in files:
+        shutil.move(str(path), directory / path.name)
+
+
 def _keystore(config: AgentConfig) -> KeyStore:
     encryption = config.encryption
     if encryption.keystore is not None:
-        return KeyStore.load(encryption.keystore, encryption.keystore_password or "", encryption.key_password)
-    return KeyStore({alias: bytes.fromhex(key) for alias, key in encryption.keys.items()})
+        try:
+            return KeyStore.load(encryption.keystore, encryption.keystore_password or "",
+                                 encryption.key_password)
+        except CommitLogError as error:
+            raise ConfigError(f"encryption.keystore: {error}: check the file and "
+                              "encryption.keystore_password / encryption.key_password") from None
+    try:
+        return KeyStore({alias: bytes.fromhex(key) for alias, key in encryption.keys.items()})
+    except ValueError:
+        raise ConfigError("encryption.keys: every key must be hexadecimal") from None
+
+
+def _key_problem(segment: CdcSegment, keystore: KeyStore) -> str | None:
+    """Why the keys given cannot read a segment: its alias missing, or its first section not decrypting."""
+    try:
+        reader = SegmentReader(segment.path, keystore)
+    except (FileNotFoundError, DescriptorError, ValueError):
+        return None  # gone, or not a key problem: the segment is kept whole when it is read
+    except CommitLogError as error:
+        return error.reason
+    with reader:
+        if reader.descriptor.encrypted:
+            next(reader.sections(), None)
+            if any(damage.kind is DamageKind.UNREADABLE_SECTION for damage in reader.damage):
+                return (f"its first section does not decrypt with the key of alias "
+                        f"{reader.descriptor.params['encKeyAlias']!r} (a wrong key?)")
+    return None
+
+
+def _key_error(segment: CdcSegment, problem: str) -> str:
+    return (f"{segment.path}: encrypted, and {problem}: give the node's keystore (encryption.keystore) or "
+            "key (encryption.keys), then start the agent again; the segment stays in cdc_raw")

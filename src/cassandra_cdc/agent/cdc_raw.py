@@ -17,7 +17,8 @@ from watchdog.observers import Observer
 
 from ..commitlog.descriptor import cdc_index_file_name, parse_segment_name
 
-_INDEX = re.compile(r"([0-9]+)(\nCOMPLETED)?")
+# A line break may end the file (as ``echo`` writes one): the offset is whole once one follows it.
+_INDEX = re.compile(r"([0-9]+)(\r?\nCOMPLETED)?\r?\n?")
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ class AgentMetrics:
                                   "Bytes between the idx offsets and the acknowledged positions", registry=r)
         self.skipped = Counter("cdc_agent_mutations_skipped", "Mutations of unknown tables skipped", registry=r)
         self.errors = Counter("cdc_agent_errors", "Damaged or undecodable entries, by kind", ["kind"], registry=r)
+        self.segments_quarantined = Counter(
+            "cdc_agent_segments_quarantined", "Segments moved whole into the quarantine: not all bytes read",
+            registry=r)
         self.cdc_raw_bytes = Gauge("cdc_agent_cdc_raw_bytes", "Bytes of segments in cdc_raw", registry=r)
         self.cdc_raw_usage = Gauge("cdc_agent_cdc_raw_usage_ratio", "cdc_raw bytes / cdc_total_space", registry=r)
         self.kafka_reachable = Gauge("cdc_agent_kafka_reachable", "1 when Kafka accepts records", registry=r)

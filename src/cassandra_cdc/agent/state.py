@@ -1,11 +1,13 @@
 """The agent's durable position: per segment, the logical position up to which Kafka has everything.
 
 Saved by write-temp + fsync + rename (+ fsync of the directory), so a crash at any moment leaves either
-the old or the new file, never a torn one.
+the old or the new file, never a torn one. What the agent writes is its own: files 0600, directories 0700,
+whatever the umask.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -20,12 +22,37 @@ class SegmentPosition:
     file: str
     position: int  # every entry ending at or before this is acknowledged by Kafka
     completed: bool = False  # the whole segment has been read (and is acknowledged up to position)
+    # Some bytes were neither published nor quarantined on their own: it is kept whole, never cleaned up.
+    damaged: bool = False
+
+
+class StateError(RuntimeError):
+    """The positions cannot be saved (a full or read-only state_dir); the message says what to do."""
+
+
+def private_directory(path: Path) -> Path:
+    """Create a directory only the agent's user can read (0700 whatever the umask)."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write a file only the agent's user can read (0600 whatever the umask); a partial file is removed."""
+    try:
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        raise
 
 
 class PositionStore:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / STATE_FILE
-        state_dir.mkdir(parents=True, exist_ok=True)
+        private_directory(state_dir)
         self.segments: dict[int, SegmentPosition] = {}
         self._saved: str | None = None
         if self.path.exists():
@@ -44,8 +71,9 @@ class PositionStore:
     def get(self, segment_id: int) -> SegmentPosition | None:
         return self.segments.get(segment_id)
 
-    def set(self, segment_id: int, file: str, position: int, completed: bool = False) -> None:
-        self.segments[segment_id] = SegmentPosition(file, position, completed)
+    def set(self, segment_id: int, file: str, position: int, completed: bool = False,
+            damaged: bool = False) -> None:
+        self.segments[segment_id] = SegmentPosition(file, position, completed, damaged)
 
     def forget(self, segment_id: int) -> None:
         self.segments.pop(segment_id, None)
@@ -60,15 +88,16 @@ class PositionStore:
         if text == self._saved:
             return False
         temp = self.path.with_suffix(".tmp")
-        with open(temp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
         try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+            write_private(temp, text.encode())
+            os.replace(temp, self.path)
+            directory = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError as error:
+            raise StateError(f"{self.path}: cannot save the agent's positions ({error.strerror or error}): "
+                             f"free space in (or fix the permissions of) {self.path.parent}") from None
         self._saved = text
         return True

@@ -35,6 +35,7 @@ class DamageKind(enum.Enum):
     """What Cassandra's reader would complain about, and how much of the segment it gives up."""
 
     # The segment stops here (nothing after it is read).
+    UNREADABLE_HEADER = "segment header cannot be read"
     BAD_SYNC_MARKER_CRC = "sync marker CRC mismatch"
     SYNC_MARKER_PAST_END = "sync marker points outside the file (torn tail)"
     TRUNCATED_ENTRY_HEADER = "fewer than 4 bytes left for an entry size"
