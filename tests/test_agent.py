@@ -16,7 +16,10 @@ import contextlib
 import gc
 import json
 import logging
+import os
+import resource
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -44,6 +47,7 @@ from cassandra_cdc.commitlog import Mutation, PartitionUpdateSerializer
 from cassandra_cdc.commitlog.io import DataInput, DataOutput
 from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import EmbeddedBroker, Insert, SimulatedNode, Workload, to_mutation
+from cassandra_cdc.simulator.broker import free_port
 from cassandra_cdc.topics.raw import RawRecord, record_key
 from cassandra_cdc.topics.schemas import SchemaRecord
 
@@ -1409,3 +1413,81 @@ def test_encrypted_segment_with_its_key_is_published_and_cleaned_up(harness: Mak
         wait_until(lambda: ENCRYPTED_SEGMENT.name not in h.segment_files(), "the encrypted segment published")
         assert metric(agent, "cdc_agent_segments_quarantined_total") == 0
     assert not list((h.state_dir / "quarantine").iterdir())
+
+
+# --- what the agent says and writes -----------------------------------------------------------------------
+
+def test_kafka_unreachable_is_said_in_one_line(harness: MakeHarness) -> None:
+    """While nothing answers at the bootstrap servers, the agent says so once; librdkafka's retries (several
+    failed connections a second, a new admin client at each startup attempt) stay out of its output."""
+    h = harness()
+    config_file = h.config_file(kafka__bootstrap_servers=f"127.0.0.1:{free_port()}")
+    with AgentProcess(config_file, h.root / "agent.log") as agent:
+        wait_until(lambda: "unreachable" in agent.output(), "Kafka reported unreachable")
+        time.sleep(2 * agent_module.STARTUP_KAFKA_TIMEOUT_SECONDS)  # two more attempts to reach it
+        assert agent.terminate() == 0
+    lines = agent.output().splitlines()
+    assert len([line for line in lines if "unreachable" in line]) == 1, lines
+    assert not [line for line in lines if line.startswith("%")], lines
+
+
+def test_files_the_agent_writes_are_private_whatever_the_umask(harness: MakeHarness) -> None:
+    """Under umask 000: the state directory and the quarantine 0700, positions and quarantined bytes 0600."""
+    h = harness()
+    _, first_end = h.insert("ks.users", id=1, name="damaged")
+    h.write(50)
+    segment = h.node.active_segment.path.name
+    h.node.close()
+    with open(h.cdc_raw / segment, "r+b") as f:  # the first entry's last body byte: its CRC fails
+        f.seek(first_end - 5)
+        byte = f.read(1)
+        f.seek(first_end - 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    previous = os.umask(0)
+    try:
+        with running(h.config()):
+            wait_until(lambda: not h.segment_files(), "the segment published")
+            wait_until(lambda: (h.state_dir / STATE_FILE).exists(), "the positions saved")
+    finally:
+        os.umask(previous)
+    quarantine = h.state_dir / "quarantine"
+    written = (h.state_dir / STATE_FILE, *quarantine.iterdir())  # positions, the entry's report and bytes
+    files = {path.name: stat.S_IMODE(path.stat().st_mode) for path in written}
+    assert len(files) == 3 and set(files.values()) == {0o600}, files
+    assert [stat.S_IMODE(path.stat().st_mode) for path in (h.state_dir, quarantine)] == [0o700, 0o700]
+
+
+def limit_file_size() -> None:
+    """In the child process: regular files cannot grow past a few bytes (as on a full disk, writes fail)."""
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails (EFBIG) instead of killing the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
+
+
+def test_positions_that_cannot_be_saved_stop_the_agent_with_one_line(harness: MakeHarness) -> None:
+    """A write to state_dir failing (no space, file size limit) leaves no temporary file behind and stops the
+    agent with one line naming positions.json and what to do, not a traceback."""
+    h = harness()
+    h.write(100)
+    command = [str(CLI), "agent", "--config", str(h.config_file())]
+    result = subprocess.run(command, preexec_fn=limit_file_size, capture_output=True, text=True,
+                            timeout=DEADLINE)
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr
+    assert f"{h.state_dir / STATE_FILE}: cannot save the agent's positions" in errors[0]
+    assert "free space in" in errors[0]
+    assert sorted(path.name for path in h.state_dir.iterdir()) == ["quarantine"]
+    assert len(h.segment_files()) == 2  # nothing cleaned up without its completion saved
+
+
+def test_agent_status_with_a_corrupt_state_file_says_so_in_one_line(harness: MakeHarness) -> None:
+    h = harness()
+    h.state_dir.mkdir()
+    (h.state_dir / STATE_FILE).write_text('{"version": 1, "segments": {"1000": ')
+    result = CliRunner().invoke(app, ["agent", "status", "--cdc-raw", str(h.cdc_raw),
+                                      "--state-dir", str(h.state_dir)])
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(f"error: {h.state_dir / STATE_FILE}: unreadable agent state")

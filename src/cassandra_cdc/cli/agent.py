@@ -81,7 +81,11 @@ def status(config: ConfigOption = None,
     if not cdc_raw.is_dir():
         typer.echo(f"error: {cdc_raw} is not a directory (the node's cdc_raw_directory)", err=True)
         raise typer.Exit(2)
-    rows = segment_statuses(cdc_raw, state_dir)
+    try:
+        rows = segment_statuses(cdc_raw, state_dir)
+    except ValueError as error:  # an unreadable positions.json, named in the message
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
     table = Table("segment", "durable offset", "Cassandra", "acknowledged", "lag bytes", "agent")
     for row in rows:
         table.add_row(row.segment, _text(row.durable_offset), "COMPLETED" if row.completed_by_cassandra else "writing",
