@@ -1491,3 +1491,61 @@ def test_agent_status_with_a_corrupt_state_file_says_so_in_one_line(harness: Mak
     lines = result.output.splitlines()
     assert len(lines) == 1, result.output
     assert lines[0].startswith(f"error: {h.state_dir / STATE_FILE}: unreadable agent state")
+
+
+def lose_the_last_batches(broker: EmbeddedBroker, topic: str) -> int:
+    """Stop the broker and take from each partition of a topic its last record batch, as a broker restarted
+    without what it had acknowledged would; return how many records are gone."""
+    broker.stop()
+    saved = broker.data_dir / "kafka.json"
+    state = json.loads(saved.read_text())
+    lost = 0
+    for name, data in state["topics"]:
+        for _, partition in data["partitions"] if name == topic else ():
+            batches = partition["record_batches"]
+            if len(batches) < 2:
+                continue
+            first_lost = batches.pop()[0]
+            count = partition["high_watermark"] - first_lost
+            partition["high_watermark"] = first_lost
+            # The producer's last sequence as the remaining batches leave it (and its last batch's offset).
+            partition["producer_seqs"] = [[producer, [sequence - count, batches[-1][0]]]
+                                          for producer, (sequence, _) in partition["producer_seqs"]]
+            lost += count
+    saved.write_text(json.dumps(state))
+    broker.start()
+    return lost
+
+
+def test_broker_that_lost_acknowledged_records_stops_the_agent_with_one_line(
+        broker: EmbeddedBroker, harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """Kafka comes back without records it had acknowledged: the idempotent producer's next request fails for
+    good (OUT_OF_ORDER_SEQUENCE_NUMBER). The agent stops with one error line saying so, exit status 1, no
+    traceback, and saves no position past what it had saved before."""
+    h = harness()
+    agent = Agent(h.config())
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.update(status=agent.run()), daemon=True)
+    thread.start()
+    try:
+        raw = h.raw_reader()
+        for _ in range(10):  # several batches per partition
+            h.write(20, sync_every=20)
+            raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        raw.close()
+        segment = h.node.active_segment.descriptor.segment_id
+        read = max(position for (segment_id, position, _) in h.expected if segment_id == segment)
+        wait_until(lambda: saved_positions(h.state_dir).get(segment, {}).get("position") == read,
+                   "the position saved")
+        with caplog.at_level(logging.INFO):
+            assert lose_the_last_batches(broker, h.raw_topic) > 0
+            h.write(100)
+            thread.join(DEADLINE)
+    finally:
+        agent.stop()
+        thread.join(DEADLINE)
+    assert outcome == {"status": 1}
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and "Kafka lost records it had acknowledged" in errors[0], errors
+    assert not any("everything read is acknowledged" in r.getMessage() for r in caplog.records)
+    assert saved_positions(h.state_dir)[segment]["position"] == read

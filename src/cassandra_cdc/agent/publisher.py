@@ -66,7 +66,7 @@ class Publisher:
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
-            self.failure = DeliveryFailed(_fatal_error_message(error))
+            self._fail(_fatal_error_message(error))
         elif error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE):
             self._set_reachable(False)
         elif error.code() not in self._errors_logged:  # authentication, TLS: said once, not per retry
@@ -108,8 +108,7 @@ class Publisher:
                 self._producer.produce(topic, value, key, partition, on_delivery)
                 return True
             except BufferError:
-                self._producer.poll(0.05)  # wait for acknowledgements to make room
-                self.raise_failure()
+                self.poll(0.05)  # wait for acknowledgements to make room
                 if should_stop():
                     return False
 
@@ -125,12 +124,24 @@ class Publisher:
             if not self.reachable:
                 self._set_reachable(True)
             return True
-        self.failure = DeliveryFailed(f"Kafka did not accept a record: {error}")
+        self._fail(f"Kafka did not accept a record: {error}")
         return False
 
     def poll(self, timeout: float = 0.0) -> None:
-        self._producer.poll(timeout)
+        self._serve(timeout)
         self.raise_failure()
+
+    def _serve(self, timeout: float) -> None:
+        """Serve delivery reports and errors; a fatal error the client raises becomes ``failure``."""
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as error:
+            self._fail(_fatal_error_message(error.args[0]))
+
+    def _fail(self, message: str) -> None:
+        """Record a failure for good; the first one is the cause (the records it fails report after it)."""
+        if self.failure is None:
+            self.failure = DeliveryFailed(message)
 
     def raise_failure(self) -> None:
         if self.failure is not None:
@@ -139,8 +150,8 @@ class Publisher:
     def flush(self, timeout: float) -> int:
         """Wait for in-flight records; return how many are still unacknowledged."""
         deadline = time.monotonic() + timeout
-        while len(self._producer) and time.monotonic() < deadline:
-            self._producer.poll(0.1)
+        while len(self._producer) and time.monotonic() < deadline and self.failure is None:
+            self._serve(0.1)
         return len(self._producer)
 
     @property
