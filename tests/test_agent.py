@@ -674,10 +674,12 @@ def test_damaged_entries_go_to_dead_letters_and_quarantine(harness: MakeHarness)
             h.node.sync()
             raw.wait_for(lambda: raw.has_all(h.expected), "changes after the damage")
         h.node.close()
-        wait_until(lambda: not h.segment_files(), "the damaged segment published and deleted")
+        wait_until(lambda: not h.segment_files(), "the damaged segment published and moved")
         errors.poll(0.3)
         raw.poll(0.1)
         assert metric(agent, "cdc_agent_errors_total", kind="entry_crc_mismatch") == 1
+        # The entries after the bad size CRC are in no report: the segment is kept whole.
+        assert metric(agent, "cdc_agent_segments_quarantined_total") == 1
     assert_published_exactly(raw, h.expected)
 
     letters = {json.loads(m.value())["kind"]: json.loads(m.value()) for m in errors.messages}
@@ -694,6 +696,9 @@ def test_damaged_entries_go_to_dead_letters_and_quarantine(harness: MakeHarness)
     message_keys = {m.key().decode() for m in errors.messages}
     assert message_keys == {f"{segment.path.name}@{letter['position']}" for letter in letters.values()}
     quarantine = h.state_dir / "quarantine"
+    assert (quarantine / segment.path.name).exists()
+    assert letters["SIZE_CRC_MISMATCH"]["kept_whole_in"] == str(quarantine / segment.path.name)
+    assert "kept_whole_in" not in letters["ENTRY_CRC_MISMATCH"]
     reports = sorted(p.name for p in quarantine.glob("*.json"))
     assert reports == sorted(f"{segment.path.name}@{letter['position']}.json" for letter in letters.values())
     for letter in letters.values():
@@ -1549,3 +1554,28 @@ def test_broker_that_lost_acknowledged_records_stops_the_agent_with_one_line(
     assert len(errors) == 1 and "Kafka lost records it had acknowledged" in errors[0], errors
     assert not any("everything read is acknowledged" in r.getMessage() for r in caplog.records)
     assert saved_positions(h.state_dir)[segment]["position"] == read
+
+
+@pytest.mark.parametrize("encryption", [{}, {"keys": {"testing:1": "00" * 16}}])
+def test_encrypted_segment_arriving_without_its_key_stops_the_agent(harness: MakeHarness,
+                                                                   encryption: dict[str, Any],
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """A segment moved into cdc_raw while the agent runs, that the keys given cannot decrypt: the agent stops
+    with exit status 2 and one line naming it, and the segment stays where it is."""
+    h = harness()
+    agent = Agent(h.config(encryption=encryption))
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.update(status=agent.run()), daemon=True)
+    caplog.set_level(logging.INFO)
+    thread.start()
+    try:
+        wait_until(lambda: "tailing" in caplog.text, "the agent started")
+        (h.cdc_raw / ENCRYPTED_SEGMENT.name).write_bytes(ENCRYPTED_SEGMENT.read_bytes())
+        thread.join(DEADLINE)
+    finally:
+        agent.stop()
+        thread.join(DEADLINE)
+    assert outcome == {"status": 2}
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("cassandra")]
+    assert len(errors) == 1 and str(h.cdc_raw / ENCRYPTED_SEGMENT.name) in errors[0], errors
+    assert (h.cdc_raw / ENCRYPTED_SEGMENT.name).read_bytes() == ENCRYPTED_SEGMENT.read_bytes()

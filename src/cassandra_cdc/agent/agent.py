@@ -268,6 +268,8 @@ class Agent:
         progress = self._progress.get(segment.segment_id)
         if progress is None:
             saved = self.positions.get(segment.segment_id)
+            if saved is None:
+                self._ensure_key(segment)
             progress = SegmentProgress(segment, saved.position if saved else 0, self.deliveries,
                                        self.metrics.records_published, saved.completed if saved else False,
                                        saved.damaged if saved else False)
@@ -583,9 +585,12 @@ class Agent:
         for segment in list_segments(self.config.cdc_raw):
             saved = self.positions.get(segment.segment_id)
             if saved is None or not saved.completed:
-                problem = _key_problem(segment, self.keystore)
-                if problem is not None:
-                    raise ConfigError(_key_error(segment, problem))
+                self._ensure_key(segment)
+
+    def _ensure_key(self, segment: CdcSegment) -> None:
+        problem = _key_problem(segment, self.keystore)
+        if problem is not None:
+            raise ConfigError(_key_error(segment, problem))
 
 
 class _Route:
