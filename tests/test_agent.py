@@ -1576,6 +1576,7 @@ def test_encrypted_segment_arriving_without_its_key_stops_the_agent(harness: Mak
         agent.stop()
         thread.join(DEADLINE)
     assert outcome == {"status": 2}
-    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("cassandra")]
+    errors = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.ERROR and r.name.startswith("cassandra_cdc")]
     assert len(errors) == 1 and str(h.cdc_raw / ENCRYPTED_SEGMENT.name) in errors[0], errors
     assert (h.cdc_raw / ENCRYPTED_SEGMENT.name).read_bytes() == ENCRYPTED_SEGMENT.read_bytes()

@@ -108,7 +108,9 @@ class AgentConfig(ServerTopics, _Section):
     node_id: str = Field(default_factory=socket.gethostname, description="This node's id in raw records.")
     cdc_raw: Path = Field(..., description="The node's cdc_raw_directory.")
     state_dir: Path = Field(..., description="Where the agent keeps its positions (durable, local disk).")
-    quarantine_dir: Path | None = Field(None, description="Damaged entries' bytes. Default: <state_dir>/quarantine")
+    quarantine_dir: Path | None = Field(
+        None, description="Damaged entries' bytes and reports, and segments that could not be read whole. "
+                          "Default: <state_dir>/quarantine")
     schema_: SchemaSource = Field(..., alias="schema", description="Where table metadata comes from.")
     tables: TableFilter = Field(default_factory=TableFilter)
     kafka: KafkaSettings
