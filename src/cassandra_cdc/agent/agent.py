@@ -632,9 +632,19 @@ def _keystore(config: AgentConfig) -> KeyStore:
 
 
 def _key_problem(segment: CdcSegment, keystore: KeyStore) -> str | None:
-    """Why the keys given cannot read a segment: its alias missing, or its first section not decrypting."""
+    """Why the keys given cannot read a segment: its alias missing, or its first section not decrypting.
+
+    Only a durable first section is tried (a 3.x segment is whole; a live one up to its idx offset): one being
+    written may not decrypt yet.
+    """
+    index = read_cdc_index(segment.index_path)
+    durable: int | None = 0  # 4.0+ without an idx: no CDC data yet
+    if index is not None:
+        durable = index.offset
+    elif segment.version == 6:
+        durable = None  # 3.x: whole once in cdc_raw
     try:
-        reader = SegmentReader(segment.path, keystore)
+        reader = SegmentReader(segment.path, keystore, limit=durable)
     except (FileNotFoundError, DescriptorError, ValueError):
         return None  # gone, or not a key problem: the segment is kept whole when it is read
     except CommitLogError as error:
