@@ -1570,7 +1570,9 @@ def test_encrypted_segment_arriving_without_its_key_stops_the_agent(harness: Mak
     thread.start()
     try:
         wait_until(lambda: "tailing" in caplog.text, "the agent started")
-        (h.cdc_raw / ENCRYPTED_SEGMENT.name).write_bytes(ENCRYPTED_SEGMENT.read_bytes())
+        moving = h.root / ENCRYPTED_SEGMENT.name
+        moving.write_bytes(ENCRYPTED_SEGMENT.read_bytes())
+        moving.rename(h.cdc_raw / moving.name)  # as Cassandra 3.x moves a segment in: whole
         thread.join(DEADLINE)
     finally:
         agent.stop()
