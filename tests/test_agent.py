@@ -426,6 +426,7 @@ def test_live_tailing_publishes_every_change_in_order_with_schemas_first(harness
         wait_until(lambda: not h.segment_files(), "every segment published and deleted")
         raw.poll(0.2)
         assert metric(agent, "cdc_agent_mutations_skipped_total") == 0
+        assert metric(agent, "cdc_agent_segments_quarantined_total") == 0  # healthy segments are cleaned up
         # Per-record metrics: every record counted once, under its table.
         by_table = collections.Counter(SCHEMA.table_by_id(table_id).qualified_name for _, _, table_id in h.expected)
         for table, records in by_table.items():
@@ -494,6 +495,7 @@ def test_cassandra_311_segments_moved_in_whole(harness: MakeHarness) -> None:
     assert_published_exactly(raw, h.expected)
     assert_node_order(raw)
     assert {r.commitlog_version for r in raw.records} == {6}
+    assert not list((h.state_dir / "quarantine").iterdir())
     raw.close()
 
 
@@ -600,6 +602,7 @@ def test_segment_never_completed_by_a_crashed_node_is_read_to_its_end(harness: M
         raw.poll(0.2)
     assert_published_exactly(raw, h.expected)
     assert_node_order(raw)
+    assert not list((h.state_dir / "quarantine").iterdir())  # its unsynced end is not damage
 
 
 def test_segments_without_cdc_data_leave_no_state_behind(harness: MakeHarness) -> None:
