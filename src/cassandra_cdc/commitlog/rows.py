@@ -1,7 +1,7 @@
 """Rows, range tombstone markers and clusterings, with their serializers side by side.
 
-Byte format: commitlog-format.md §6.3 (column subsets), §6.4 (row), §6.5 (range tombstone marker),
-§8.1 (clustering values).
+Byte format: docs/storage-format.md §10.1-§10.2 (row), §10.3 (clustering values), §10.4 (column
+subsets), §10.5 (range tombstone marker).
 """
 
 from __future__ import annotations

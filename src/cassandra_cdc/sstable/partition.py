@@ -7,7 +7,7 @@ Data.db is a sequence of partitions, each::
                          Long.MIN_VALUE); oa/da: one byte 0x80 for LIVE, else int64 markedForDeleteAt (top bit
                          clear) and uint32 localDeletionTime
     static row           only when the Statistics.db header has static columns (possibly an empty row)
-    rows and markers     as in a partition update (commitlog-format.md §6.4, §6.5), except that after a
+    rows and markers     as in a partition update (docs/storage-format.md §10.2, §10.5), except that after a
                          row's clustering (a marker's bound) come ``uvint size`` (of what follows, itself
                          included) and ``uvint previous unfiltered size``
     0x01                 end of partition
