@@ -14,6 +14,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cassandra_cdc.cli.main import app
@@ -25,7 +27,7 @@ from cassandra_cdc.schema.types import (CqlTypeError, is_reversed_class_name, ty
                                         types_from_composite_class_name)
 from cassandra_cdc.sstable import (ChecksumError, Descriptor, SSTable, SSTableError, SSTableReadStats,
                                    UnsupportedSSTableError, find_sstables)
-from cassandra_cdc.sstable.compression import CompressedChunks, checksum_blocks, compress_data
+from cassandra_cdc.sstable.compression import READ_BLOCK, CompressedChunks, checksum_blocks, compress_data
 from conftest import SSTABLES
 
 VERSIONS = ["ma", "mb", "mc", "md", "me", "na", "nb", "nc", "oa", "da"]
@@ -289,6 +291,71 @@ def test_chunks_stored_uncompressed_when_compression_does_not_pay(tmp_path: Path
     raw = [i for i in range(info.chunk_count - 1) if info.chunk_offsets[i + 1] - info.chunk_offsets[i] - 4 == 4096]
     assert raw and len(raw) < info.chunk_count - 1  # some chunks raw, others compressed
     assert [_plain(u) for u in copy.partitions()] == [_plain(u) for u in source.partitions()]
+
+
+# --- buffer boundaries: what is read does not depend on where chunks and read blocks end ------------------
+
+CODECS = ["LZ4Compressor", "SnappyCompressor", "DeflateCompressor", "ZstdCompressor"]
+# Small SSTables (every one of their fields can straddle a boundary): each partition header form (ma-nc,
+# oa/da), counters, compact storage, range tombstone markers.
+SMALL = ["mc/legacy_mc_simple", "mc/legacy_mc_simple_counter_compact", "mc/legacy_mc_inaccurate_min_max",
+         "na/legacy_na_simple_counter", "oa/legacy_oa_simple", "da/legacy_da_simple_counter"]
+
+
+def contents(sstable: SSTable, table: TableMetadata | None = None) -> list[tuple]:
+    """Everything read: offsets, keys, partition deletions, static rows, rows and markers."""
+    return [(offset, u.key, u.partition_deletion, u.static_row, u.unfiltereds)
+            for offset, u in sstable.partitions_with_offsets(table)]
+
+
+def legacy(name: str) -> SSTable:
+    version, table = name.split("/")
+    return SSTable(SSTABLES / version / "legacy_tables" / table)
+
+
+@pytest.mark.parametrize("compressor", [None, *CODECS])
+@pytest.mark.parametrize("name", SMALL)
+def test_small_sstables_read_the_same_through_chunks_of_every_size(tmp_path: Path, name: str,
+                                                                  compressor: str | None) -> None:
+    """Every chunk length (compressed) or read block size (uncompressed, CRC.db's block) from 1 byte to the
+    whole file: the same partitions as read in one buffer."""
+    source = legacy(name)
+    data = uncompressed_data(source)
+    directory = tmp_path / "legacy_tables" / source.descriptor.table
+    expected = contents(rewrite(source, directory, compressor, len(data), data=data))
+    assert expected and len(expected) == len(contents(source))
+    for size in range(1, len(data)):
+        assert contents(rewrite(source, directory, compressor, size, data=data)) == expected, f"chunks of {size}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["mc/legacy_mc_clust_counter", "oa/legacy_oa_clust"]),
+       compressor=st.sampled_from([None, *CODECS]), size=st.integers(1, 9000))
+def test_sstables_read_the_same_through_chunks_of_any_size(tmp_path: Path, name: str, compressor: str | None,
+                                                           size: int) -> None:
+    source = legacy(name)
+    data = uncompressed_data(source)
+    directory = tmp_path / (compressor or "uncompressed") / "legacy_tables" / source.descriptor.table
+    expected = contents(rewrite(source, directory, compressor, len(data), data=data))
+    assert contents(rewrite(source, directory, compressor, size, data=data)) == expected
+
+
+def test_a_table_larger_than_one_read_block_reads_every_partition(tmp_path: Path) -> None:
+    """An uncompressed mc SSTable of 65,536 one-row partitions: partition headers straddle the 64 KiB read
+    blocks, and each reads as written (no partition deletions, every row)."""
+    source = legacy("mc/legacy_mc_simple")
+    data = uncompressed_data(source)
+    first, second = list(source.partition_offsets())[:2]
+    key_length = int.from_bytes(data[first:first + 2], "big")
+    after_key = data[first + 2 + key_length:second]  # partition deletion, row, end of partition
+    keys = [str(i).encode() for i in range(65536)]
+    many = b"".join(len(key).to_bytes(2, "big") + key + after_key for key in keys)
+    copy = rewrite(source, tmp_path / "legacy_tables" / "legacy_mc_simple", None, READ_BLOCK, data=many)
+    updates = list(copy.partitions())
+    assert [u.key for u in updates] == keys
+    assert not [u.key for u in updates if u.partition_deletion is not None or u.markers]
+    assert {tuple(c.value for c in row.cells) for u in updates for row in u.rows} == {(b"foo bar baz",)}
+    assert sum(len(u.rows) for u in updates) == len(keys)
 
 
 def test_a_damaged_chunk_is_a_checksum_error_naming_file_chunk_and_offset(tmp_path: Path) -> None:
