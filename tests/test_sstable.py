@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import uuid
 import zlib
 from pathlib import Path
 
@@ -19,14 +20,19 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cassandra_cdc.cli.main import app
+from cassandra_cdc.commitlog.cells import Cell, ComplexColumn, LivenessInfo
 from cassandra_cdc.commitlog.counters import counter_value
+from cassandra_cdc.commitlog.header import SerializationHeader
+from cassandra_cdc.commitlog.io import DataOutput
 from cassandra_cdc.commitlog.partition import PartitionUpdate
 from cassandra_cdc.commitlog.rows import BoundKind, RangeTombstoneMarker, Row
 from cassandra_cdc.schema import ColumnKind, Schema, TableMetadata, parse_schema
 from cassandra_cdc.schema.types import (CqlTypeError, is_reversed_class_name, type_from_class_name,
                                         types_from_composite_class_name)
-from cassandra_cdc.sstable import (ChecksumError, Descriptor, SSTable, SSTableError, SSTableReadStats,
-                                   UnsupportedSSTableError, find_sstables)
+from cassandra_cdc.sstable import (ChecksumError, Descriptor, HeaderComponent, SSTable, SSTableError,
+                                   SSTableReadStats, UnsupportedSSTableError, Version, find_sstables)
+from cassandra_cdc.sstable.metadata import serialize_metadata
+from cassandra_cdc.sstable.partition import DataHeader, SSTablePartitionSerializer
 from cassandra_cdc.sstable.compression import READ_BLOCK, CompressedChunks, checksum_blocks, compress_data
 from conftest import SSTABLES
 
@@ -416,6 +422,71 @@ def test_undecodable_rows_name_the_partition_and_offset(tmp_path: Path) -> None:
     assert (caught.value.path, caught.value.offset) == (str(copy.data_path), 0)
     assert "cannot decode the partition starting at offset 0" in str(caught.value)
     assert "its recorded size ends it at" in str(caught.value)
+
+
+# --- writing Data.db and Statistics.db; the order of the header's columns ----------------------------------
+
+@pytest.mark.parametrize("name", ["mc/legacy_mc_clust", "mc/legacy_mc_inaccurate_min_max",
+                                  "mc/legacy_mc_simple_compact", "na/legacy_na_simple_counter_compact",
+                                  "nb/legacy_nb_clust_counter", "oa/legacy_oa_clust_counter",
+                                  "da/legacy_da_clust"])
+def test_partitions_serialize_to_the_bytes_cassandra_wrote(name: str) -> None:
+    source = legacy(name)
+    data = source.data_header()
+    out = DataOutput()
+    for update in source.partitions():
+        SSTablePartitionSerializer.serialize(update, out, data)
+    assert bytes(out) == uncompressed_data(source)
+
+
+MARSHAL = "org.apache.cassandra.db.marshal."
+INT, TEXT = MARSHAL + "Int32Type", MARSHAL + "UTF8Type"
+
+
+def test_rows_decode_in_cassandras_column_order_whatever_order_statistics_lists_them(tmp_path: Path) -> None:
+    """Cassandra encodes rows in the order of its ``Columns`` (simple columns before complex ones, then by
+    name), which need not be the order Statistics.db lists them in."""
+    table = parse_schema("CREATE TABLE ks.mixed (pk int, ck int, s_tags set<text> static, "
+                         "s_note text static, tags list<int>, b int, a text, PRIMARY KEY (pk, ck));"
+                         ).table("ks", "mixed")
+    assert [c.name for c in table.regular_and_static] == ["a", "b", "tags", "s_note", "s_tags"]
+    column = {c.name: c for c in table.regular_and_static}
+    version = Version("mc", "big")
+    timestamp = 1_700_000_000_000_000
+
+    def cell(name: str, value: bytes, path: bytes | None = None) -> Cell:
+        return Cell(column[name], timestamp, value, path=path)
+
+    update = PartitionUpdate(table, (1).to_bytes(4, "big"))
+    static_tags = ComplexColumn(column["s_tags"], [cell("s_tags", b"", b"x")])
+    update.static_row = Row((), [cell("s_note", b"note"), static_tags], LivenessInfo(timestamp),
+                            is_static=True)
+    tags = ComplexColumn(column["tags"], [cell("tags", (5).to_bytes(4, "big"), uuid.uuid1().bytes)])
+    update.unfiltereds.append(Row(((2).to_bytes(4, "big"),),
+                                  [cell("a", b"alpha"), cell("b", (7).to_bytes(4, "big")), tags],
+                                  LivenessInfo(timestamp)))
+    canonical = SerializationHeader(table, version.header_version, update.stats(),
+                                    tuple(c for c in table.regular_and_static if not c.is_static),
+                                    tuple(c for c in table.regular_and_static if c.is_static))
+    out = DataOutput()
+    SSTablePartitionSerializer.serialize(update, out, DataHeader(table, version, canonical))
+    # Statistics.db lists complex columns first and the simple ones out of name order
+    stored = HeaderComponent(canonical.stats, INT, (INT,),
+                             {b"s_tags": f"{MARSHAL}SetType({TEXT})", b"s_note": TEXT},
+                             {b"tags": f"{MARSHAL}ListType({INT})", b"b": INT, b"a": TEXT})
+    directory = tmp_path / "ks" / f"mixed-{table.id.hex}"
+    directory.mkdir(parents=True)
+    (directory / "mc-1-big-Data.db").write_bytes(bytes(out))
+    (directory / "mc-1-big-Statistics.db").write_bytes(serialize_metadata(stored, version))
+    sstable = SSTable(directory)
+    for schema_table in (table, None):
+        (read,) = sstable.partitions(schema_table)
+        assert [(c.column.name, c.value) for c in read.static_row.cells[:1]] == [("s_note", b"note")]
+        assert [(c.column.name, c.path) for c in read.static_row.cells[1].cells] == [("s_tags", b"x")]
+        (row,) = read.rows
+        assert [c.column.name for c in row.cells] == ["a", "b", "tags"]
+        assert [c.value for c in row.cells[:2]] == [b"alpha", (7).to_bytes(4, "big")]
+        assert [c.value for c in row.cells[2].cells] == [(5).to_bytes(4, "big")]
 
 
 # --- schema changes, descriptors, types -------------------------------------------------------------
