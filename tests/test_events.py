@@ -103,7 +103,8 @@ def test_float_values_show_the_digits_cassandra_shows() -> None:
     row = dict(ROW, ratio=decoded, embedding=[decoded, float_type.deserialize(struct.pack(">f", 0.1)), 2.5])
     text = EventEncoder("prod", TABLE, "json").value(None, row, "c", SOURCE, 1).decode()
     assert '"ratio":7.62,' in text and '"embedding":[7.62,0.1,2.5]' in text
-    record = next(fastavro.reader(io.BytesIO(EventEncoder("prod", TABLE, "avro").value(None, row, "c", SOURCE, 1))))
+    avro = EventEncoder("prod", TABLE, "avro").value(None, row, "c", SOURCE, 1)
+    record = next(fastavro.reader(io.BytesIO(avro)))
     assert struct.pack(">f", record["after"]["ratio"]) == struct.pack(">f", 7.62)
 
 
