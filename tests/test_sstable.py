@@ -15,14 +15,14 @@ import zlib
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cassandra_cdc.cli.main import app
 from cassandra_cdc.commitlog.cells import Cell, ComplexColumn, LivenessInfo
 from cassandra_cdc.commitlog.counters import counter_value
-from cassandra_cdc.commitlog.header import SerializationHeader
+from cassandra_cdc.commitlog.header import EncodingStats, SerializationHeader
 from cassandra_cdc.commitlog.io import DataOutput
 from cassandra_cdc.commitlog.partition import PartitionUpdate
 from cassandra_cdc.commitlog.rows import BoundKind, RangeTombstoneMarker, Row
@@ -33,8 +33,10 @@ from cassandra_cdc.sstable import (ChecksumError, Descriptor, HeaderComponent, S
                                    SSTableReadStats, UnsupportedSSTableError, Version, find_sstables)
 from cassandra_cdc.sstable.metadata import serialize_metadata
 from cassandra_cdc.sstable.partition import DataHeader, SSTablePartitionSerializer
+from cassandra_cdc.sstable.stream import StreamInput
 from cassandra_cdc.sstable.compression import READ_BLOCK, CompressedChunks, checksum_blocks, compress_data
 from conftest import SSTABLES
+from strategies import FEW_COLUMNS, partition_keys, partition_updates, tables
 
 VERSIONS = ["ma", "mb", "mc", "md", "me", "na", "nb", "nc", "oa", "da"]
 BASE_TABLES = ["simple", "simple_counter", "clust", "clust_counter"]
@@ -437,6 +439,51 @@ def test_partitions_serialize_to_the_bytes_cassandra_wrote(name: str) -> None:
     for update in source.partitions():
         SSTablePartitionSerializer.serialize(update, out, data)
     assert bytes(out) == uncompressed_data(source)
+
+
+def read_partitions(chunks: list[bytes], data: DataHeader) -> list[tuple]:
+    inp = StreamInput(chunks)
+    partitions = []
+    while not inp.at_end():
+        update = SSTablePartitionSerializer.deserialize(inp, data)
+        partitions.append((update.key, update.partition_deletion, update.static_row, update.unfiltereds))
+    return partitions
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(table=tables(regular_counts=FEW_COLUMNS), version_name=st.sampled_from(["nb", "oa"]), data=st.data())
+def test_written_partitions_read_back_through_chunks_of_every_size(table: TableMetadata, version_name: str,
+                                                                  data: st.DataObject) -> None:
+    """Random partitions (deletions, static rows, rows with every kind of cell, range tombstone markers)
+    written as Data.db: read back whole, and through chunks of 1 to 48 bytes and of uneven sizes, they are
+    what was written."""
+    version = Version(version_name, "big")
+    commitlog_version = version.header_version
+    keys = data.draw(st.lists(partition_keys(table), min_size=1, max_size=4), "keys")
+    written = [data.draw(partition_updates(table, key, commitlog_version), "update") for key in keys]
+    if version.has_uint_deletion_time:  # 5.0 formats cannot hold a partition deletion at a negative timestamp
+        assume(all(u.partition_deletion is None or u.partition_deletion.marked_for_delete_at >= 0
+                   for u in written))
+    stats = [update.stats() for update in written]
+    header = SerializationHeader(table, commitlog_version,
+                                 EncodingStats(min(s.min_timestamp for s in stats),
+                                               min(s.min_local_deletion_time for s in stats),
+                                               min(s.min_ttl for s in stats)),
+                                 tuple(c for c in table.regular_and_static if not c.is_static),
+                                 tuple(c for c in table.regular_and_static if c.is_static))
+    data_header = DataHeader(table, version, header)
+    out = DataOutput()
+    for update in written:
+        SSTablePartitionSerializer.serialize(update, out, data_header)
+    encoded = bytes(out)
+    expected = read_partitions([encoded], data_header)
+    assert expected == [(u.key, u.partition_deletion, u.static_row, u.unfiltereds) for u in written]
+    for size in range(1, 49):
+        chunks = [encoded[i:i + size] for i in range(0, len(encoded), size)]
+        assert read_partitions(chunks, data_header) == expected, f"chunks of {size} bytes"
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(encoded) - 1), max_size=40), "cuts")))
+    uneven = [encoded[start:stop] for start, stop in zip([0, *cuts], [*cuts, len(encoded)])]
+    assert read_partitions(uneven, data_header) == expected
 
 
 MARSHAL = "org.apache.cassandra.db.marshal."

@@ -67,6 +67,9 @@ class PartitionDeletionSerializer:
         if version.has_uint_deletion_time:
             if deletion is None:
                 return bytes((LIVE_DELETION,))
+            if deletion.marked_for_delete_at < 0:  # its top bit would read as the LIVE flag
+                raise ValueError(f"a partition deletion at timestamp {deletion.marked_for_delete_at} "
+                                 f"cannot be written in format {version.name}")
             return (deletion.marked_for_delete_at.to_bytes(8, "big", signed=True)
                     + (deletion.local_deletion_time & 0xFFFFFFFF).to_bytes(4, "big"))
         if deletion is None:
