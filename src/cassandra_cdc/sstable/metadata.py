@@ -41,7 +41,8 @@ class HeaderComponent:
     """The ``SerializationHeader.Component`` of Statistics.db: how Data.db was written.
 
     Column names are the stored name bytes; types are Java class names (see
-    :func:`~cassandra_cdc.schema.types.type_from_class_name`). Columns are in serialization order.
+    :func:`~cassandra_cdc.schema.types.type_from_class_name`). Columns are in the order stored, which need not
+    be the order rows are encoded in (see :func:`~cassandra_cdc.sstable.table.serialization_header`).
     """
 
     stats: EncodingStats

@@ -8,12 +8,13 @@ Data.db is a sequence of partitions, each::
                          clear) and uint32 localDeletionTime
     static row           only when the Statistics.db header has static columns (possibly an empty row)
     rows and markers     as in a partition update (commitlog-format.md §6.4, §6.5), except that after a
-                         row's clustering (a marker's bound) come ``uvint size`` (of what follows, itself
-                         included) and ``uvint previous unfiltered size``
+                         row's clustering (a marker's bound) come ``uvint size`` (of what follows it: the
+                         next field and the body) and ``uvint previous unfiltered size`` (the whole length
+                         of the row or marker before; for the first one, from the partition's start)
     0x01                 end of partition
 
 Timestamps, TTLs and deletion times inside rows are deltas from the header's ``EncodingStats``, as in the
-commit log; the column lists and their types are the Statistics.db header's.
+commit log; the column lists and their types are the Statistics.db header's, in Cassandra's column order.
 """
 
 from __future__ import annotations
