@@ -13,6 +13,7 @@ import ipaddress
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
@@ -404,8 +405,18 @@ def shortest_float32(value: float) -> float:
     """A float column's value (a double holding its 32 bits exactly, 7.619999885559082 for 7.62) as the double
     of the fewest digits that still read back as the same 32 bits: what Java's Float.toString and SELECT JSON
     show (7.62)."""
-    import numpy  # here, not at the top: commands that never render a float do not load it
-    return float(str(numpy.float32(value)))
+    exact = _FLOAT32.pack(value)
+    for digits in range(1, 10):  # nine significant digits tell every float32 apart
+        candidate = float(f"{value:.{digits}g}")
+        try:
+            if _FLOAT32.pack(candidate) == exact:
+                return candidate
+        except OverflowError:  # rounded past the largest float32
+            continue
+    return value
+
+
+_FLOAT32 = struct.Struct(">f")
 
 
 def _map_key(t: CqlType, key: Any) -> str:
