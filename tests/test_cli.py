@@ -1,0 +1,36 @@
+"""The command line's handling of bad arguments and of what it reads: one-line errors, exit statuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = Path(sys.executable).parent / "cassandra-cdc"
+
+
+def run(*arguments: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), *arguments], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", [["agent", "--cdc-raw", "/nonexistent"], ["pipeline"],
+                                     ["bootstrap", "--sstables", "/nonexistent"]])
+def test_a_log_level_typo_is_a_one_line_usage_error(command: list[str]) -> None:
+    assert_one_line_error(run(*command, "--log-level", "DEBG"), "--log-level", "'DEBG'")
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
+    assert_one_line_error(run("agent", "--no-such-option"), "--no-such-option")
+    assert_one_line_error(run("dump"), "Missing argument")
+    assert_one_line_error(run("dump", str(tmp_path / "CommitLog-7-1.log")), "does not exist")
