@@ -93,6 +93,8 @@ class Section:
     logical_start: int
     logical_end: int
     data: bytes | memoryview
+    # Cut short by the end of the file (a torn tail): its last entry may be incomplete.
+    torn: bool = False
 
 
 class SegmentReader:
@@ -121,6 +123,7 @@ class SegmentReader:
             self.close()
             raise
         self._key = self._encryption_key(keystore)
+        self._decrypted_a_section = False
         self._compressor = None
         if self.descriptor.compression_class and not self.descriptor.encrypted:
             self._compressor = compressor_for(self.descriptor.compression_class)
@@ -206,8 +209,18 @@ class SegmentReader:
                                  offset, logical)
                 return
             if next_marker < offset or next_marker > self._size:
+                plain = self._compressor is None and self._key is None
+                torn = plain and next_marker > offset
                 self.report(DamageKind.SYNC_MARKER_PAST_END,
-                             f"next marker at {next_marker}, file is {self._size} bytes", offset, logical)
+                             f"next marker at {next_marker}, file is {self._size} bytes"
+                             + ("; the entries up to the end of the file are read" if torn else ""),
+                             offset, logical)
+                if torn:
+                    # As Cassandra's replay does: the intact entries before the cut are delivered (a
+                    # compressed or encrypted section cannot be decoded in part).
+                    body_start = offset + SYNC_MARKER_SIZE
+                    body = memoryview(self._map)[body_start:]
+                    yield Section(offset, body_start, self._size, body, torn=True)
                 return
             section = self._section(offset, logical, next_marker)
             if section is None:
@@ -239,8 +252,15 @@ class SegmentReader:
             if len(plain) != plain_length:
                 raise ValueError(f"got {len(plain)} bytes, the section header says {plain_length}")
         except Exception as error:  # every codec has its own exception types
-            self.report(DamageKind.UNREADABLE_SECTION, f"{type(error).__name__}: {error}", offset, logical)
+            detail = f"{type(error).__name__}: {error}"
+            if self._key is not None and not self._decrypted_a_section:
+                # Nothing decrypts, from the first section on: far likelier a wrong key than damage.
+                alias = self.descriptor.params["encKeyAlias"]
+                detail = f"the key for alias {alias!r} does not decrypt this segment: wrong key? ({detail})"
+            self.report(DamageKind.UNREADABLE_SECTION, detail, offset, logical)
             plain = b""
+        else:
+            self._decrypted_a_section = True
         return Section(offset, logical_start, logical_end, plain)
 
     def _decrypt(self, data: bytes, plain_length: int) -> bytes:
@@ -264,6 +284,10 @@ class SegmentReader:
             base = section.logical_start
             pos = 0
             while pos < end:
+                if section.torn and (end - pos < ENTRY_OVERHEAD_SIZE or
+                                     pos + ENTRY_OVERHEAD_SIZE + _INT.unpack_from(data, pos)[0] > end):
+                    self.position = max(self.position, base + pos)
+                    return  # at the entry the end of the file cuts: reported as the torn tail
                 if end - pos < 4:
                     self.report(DamageKind.TRUNCATED_ENTRY_HEADER, f"{end - pos} bytes left in the section",
                                  section.file_offset, base + pos)
