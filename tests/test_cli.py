@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 CLI = Path(sys.executable).parent / "cassandra-cdc"
 
@@ -34,3 +36,18 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     assert_one_line_error(run("agent", "--no-such-option"), "--no-such-option")
     assert_one_line_error(run("dump"), "Missing argument")
     assert_one_line_error(run("dump", str(tmp_path / "CommitLog-7-1.log")), "does not exist")
+
+
+def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path: Path) -> None:
+    """Kafka client secrets go to Spark as source options: at DEBUG every option crosses py4j, logged."""
+    kafka = {"bootstrap_servers": broker.bootstrap_servers, "consumer": {"sasl.password": "consumer-pass-7Qz"},
+             "producer": {"sasl.password": "producer-pass-9Wx"}}
+    config = tmp_path / "pipeline.yaml"
+    config.write_text(yaml.safe_dump({"server": "secrets", "checkpoint": str(tmp_path / "checkpoint"),
+                                      "kafka": kafka, "spark": {"conf": {"spark.example.token": "token-K2v"}}}))
+    result = run("pipeline", "--config", str(config), "--log-level", "DEBUG", "--duration", "3", timeout=300)
+    log = result.stdout + result.stderr
+    assert "pipeline running" in log and " DEBUG " in log, log[-3000:]
+    for value in ("consumer-pass-7Qz", "producer-pass-9Wx", "token-K2v"):
+        assert value not in log
+    assert "[redacted]" in log

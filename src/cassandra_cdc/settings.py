@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterator, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 Model = TypeVar("Model", bound=BaseModel)
+
+# Settings whose values must never reach a log: passwords, secrets, tokens, JAAS configs, private keys.
+SECRET_SETTING = re.compile(r"password|secret|token|sasl\.jaas\.config|ssl\.key", re.IGNORECASE)
+REDACTED = "[redacted]"
 
 
 class ConfigError(ValueError):
@@ -36,6 +41,7 @@ def load_settings(model: type[Model], path: Path | None, overrides: dict[str, An
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
+    hide_secrets(data)
     try:
         return model.model_validate(data)
     except ValidationError as error:
@@ -43,5 +49,46 @@ def load_settings(model: type[Model], path: Path | None, overrides: dict[str, An
         raise ConfigError(f"{source}: {problems}") from None
 
 
+class _SecretRedactor(logging.Filter):
+    """Replaces the secrets of the settings in every record a handler writes, from any logger (Kafka, Spark and
+    py4j's DEBUG records carry option values), whatever the format they appear in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.secrets: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if any(secret in message for secret in self.secrets):
+            for secret in sorted(self.secrets, key=len, reverse=True):  # a secret inside a longer one
+                message = message.replace(secret, REDACTED)
+            record.msg, record.args = message, None
+        return True
+
+
+_redactor = _SecretRedactor()
+
+
+def hide_secrets(settings: Any) -> None:
+    """Keep the values of secret settings (nested dicts and lists of them) out of every log."""
+    for value in _secret_values(settings, False):
+        # as written, as repr() writes it (in a logged dict), as py4j sends it to the JVM
+        _redactor.secrets.update({value, repr(value)[1:-1],
+                                  value.replace("\\", "\\\\").replace("\r", "\\r").replace("\n", "\\n")})
+
+
+def _secret_values(node: Any, secret: bool) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _secret_values(value, secret or bool(SECRET_SETTING.search(str(key))))
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from _secret_values(value, secret)
+    elif secret and node is not None and str(node):
+        yield str(node)
+
+
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_redactor)
