@@ -210,7 +210,7 @@ class SegmentReader:
                 return
             if next_marker < offset or next_marker > self._size:
                 plain = self._compressor is None and self._key is None
-                torn = plain and next_marker > offset
+                torn = plain and next_marker > self._size and (self.limit is None or self._size <= self.limit)
                 self.report(DamageKind.SYNC_MARKER_PAST_END,
                              f"next marker at {next_marker}, file is {self._size} bytes"
                              + ("; the entries up to the end of the file are read" if torn else ""),
@@ -284,10 +284,9 @@ class SegmentReader:
             base = section.logical_start
             pos = 0
             while pos < end:
-                if section.torn and (end - pos < ENTRY_OVERHEAD_SIZE or
-                                     pos + ENTRY_OVERHEAD_SIZE + _INT.unpack_from(data, pos)[0] > end):
-                    self.position = max(self.position, base + pos)
-                    return  # at the entry the end of the file cuts: reported as the torn tail
+                if section.torn and end - pos < 8:
+                    self._stop_at_the_cut(base + pos)
+                    return
                 if end - pos < 4:
                     self.report(DamageKind.TRUNCATED_ENTRY_HEADER, f"{end - pos} bytes left in the section",
                                  section.file_offset, base + pos)
@@ -310,6 +309,9 @@ class SegmentReader:
                     self.report(DamageKind.SIZE_CRC_MISMATCH, f"size {size}", section.file_offset, base + pos)
                     break
                 entry_end = pos + ENTRY_OVERHEAD_SIZE + size
+                if entry_end > end and section.torn:
+                    self._stop_at_the_cut(base + pos)
+                    return
                 if entry_end > end:
                     self.report(DamageKind.UNEXPECTED_END_OF_SECTION,
                                  f"entry of {size} bytes needs {entry_end - end} more", section.file_offset, base + pos)
@@ -327,3 +329,8 @@ class SegmentReader:
                     yield Entry(segment_id, base + pos, position, body, section.file_offset, self._section_index)
                 pos = entry_end
             self.position = max(self.position, section.logical_end)
+
+    def _stop_at_the_cut(self, position: int) -> None:
+        """At the entry that the end of the file cuts, in a torn section: the damage is reported already
+        (the torn tail); what precedes it is read."""
+        self.position = max(self.position, position)
