@@ -51,3 +51,13 @@ def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path
     for value in ("consumer-pass-7Qz", "producer-pass-9Wx", "token-K2v"):
         assert value not in log
     assert "[redacted]" in log
+
+
+@pytest.mark.parametrize("command", ["agent", "pipeline"])
+def test_a_yaml_syntax_error_is_one_line_without_the_files_text(command: str, tmp_path: Path) -> None:
+    """PyYAML quotes the faulty line, here a password: the error says where, not what is written there."""
+    config = tmp_path / "config.yaml"
+    config.write_text("server: x\nkafka:\n  producer: {sasl.password: hunter2-Zq8]\n")
+    result = run(command, "--config", str(config))
+    assert_one_line_error(result, f"{config}: line 3, column 40: expected ',' or '}}', but got ']'")
+    assert "hunter2-Zq8" not in result.stderr + result.stdout

@@ -28,8 +28,10 @@ def load_settings(model: type[Model], path: Path | None, overrides: dict[str, An
     if path is not None:
         try:
             loaded = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError) as error:
+        except OSError as error:
             raise ConfigError(f"{path}: {error}") from error
+        except yaml.YAMLError as error:
+            raise ConfigError(_yaml_problem(path, error)) from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the configuration must be a YAML mapping")
         data = loaded or {}
@@ -86,6 +88,20 @@ def _secret_values(node: Any, secret: bool) -> Iterator[str]:
             yield from _secret_values(value, secret)
     elif secret and node is not None and str(node):
         yield str(node)
+
+
+def _yaml_problem(path: Path, error: yaml.YAMLError) -> str:
+    """Where the YAML is wrong and why, on one line: without the excerpt of the file PyYAML quotes, which
+    may hold a secret."""
+    def place(mark: Any) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    problem_mark, context_mark = getattr(error, "problem_mark", None), getattr(error, "context_mark", None)
+    message = f"{path}: " + (f"{place(problem_mark)}: " if problem_mark is not None else "")
+    message += getattr(error, "problem", None) or "not valid YAML"
+    if getattr(error, "context", None) and context_mark is not None:
+        message += f" ({error.context} from {place(context_mark)})"  # type: ignore[attr-defined]
+    return message
 
 
 def configure_logging(level: str = "INFO") -> None:
