@@ -28,6 +28,10 @@ def test_dump_refuses_inputs_that_are_not_regular_files(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     assert_one_line_error(run("dump", *SCHEMA_4_0, str(fifo), timeout=20), str(fifo), "is a FIFO")
     os.unlink(fifo)
+    sstable_fifo = tmp_path / "nb-1-big-Data.db"
+    os.mkfifo(sstable_fifo)
+    assert_one_line_error(run("dump", str(sstable_fifo), timeout=20), str(sstable_fifo), "is a FIFO")
+    os.unlink(sstable_fifo)
     (tmp_path / "CommitLog-7-123.log").mkdir()
     shutil.copy(SEGMENT_4_0, tmp_path)
     assert_one_line_error(run("dump", *SCHEMA_4_0, str(tmp_path)), str(tmp_path / "CommitLog-7-123.log"),

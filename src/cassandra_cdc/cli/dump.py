@@ -40,7 +40,7 @@ def split_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:
                 raise typer.BadParameter(f"{path} holds no commit log segment and no SSTable", param_hint="PATHS")
             segments.extend(found_segments)
             sstables.update(dict.fromkeys(found_sstables))
-        elif match := COMPONENT_NAME.match(path.name):
+        elif match := COMPONENT_NAME.match(_regular_file(path).name):
             sstables[path.with_name(f"{match.group(1)}-{match.group(2)}-{match.group(3)}-Data.db")] = None
         else:
             segments.append(_regular_file(path))
