@@ -7,7 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
-from conftest import COMMITLOGS, DATA
+from conftest import COMMITLOGS, DATA, SSTABLES
 from test_cli import assert_one_line_error, run
 
 from cassandra_cdc.schema import load_schema_files
@@ -91,3 +91,13 @@ def test_a_torn_tail_keeps_every_intact_mutation_before_it(tmp_path: Path) -> No
     assert len([line for line in expected if json.loads(line)["position"] > 1576]) > 200
     assert result.stdout.splitlines() == expected
     assert "section 3 at file offset 1576: sync marker points outside the file (torn tail)" in result.stderr
+
+
+def test_an_sstable_key_of_another_type_than_the_schemas_is_an_error(tmp_path: Path) -> None:
+    schema = tmp_path / "schema.cql"
+    schema.write_text("CREATE TABLE legacy_tables.legacy_me_clust_counter "
+                      "(pk int, ck text, val counter, PRIMARY KEY (pk, ck));\n")  # pk is text
+    data_file = SSTABLES / "me" / "legacy_tables" / "legacy_me_clust_counter" / "me-1-big-Data.db"
+    result = run("dump", "-s", str(schema), str(data_file))
+    assert result.returncode == 1 and result.stdout == ""
+    assert f"{data_file}: primary key column pk: cannot decode 1 bytes as int" in result.stderr
