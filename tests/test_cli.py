@@ -40,11 +40,13 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
 
 def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path: Path) -> None:
     """Kafka client secrets go to Spark as source options: at DEBUG every option crosses py4j, logged."""
-    kafka = {"bootstrap_servers": broker.bootstrap_servers, "consumer": {"sasl.password": "consumer-pass-7Qz"},
+    kafka = {"bootstrap_servers": broker.bootstrap_servers,
+             "consumer": {"sasl.password": "consumer-pass-7Qz"},
              "producer": {"sasl.password": "producer-pass-9Wx"}}
+    spark = {"conf": {"spark.example.token": "token-K2v"}}
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump({"server": "secrets", "checkpoint": str(tmp_path / "checkpoint"),
-                                      "kafka": kafka, "spark": {"conf": {"spark.example.token": "token-K2v"}}}))
+                                      "kafka": kafka, "spark": spark}))
     result = run("pipeline", "--config", str(config), "--log-level", "DEBUG", "--duration", "3", timeout=300)
     log = result.stdout + result.stderr
     assert "pipeline running" in log and " DEBUG " in log, log[-3000:]

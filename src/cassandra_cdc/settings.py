@@ -52,8 +52,8 @@ def load_settings(model: type[Model], path: Path | None, overrides: dict[str, An
 
 
 class _SecretRedactor(logging.Filter):
-    """Replaces the secrets of the settings in every record a handler writes, from any logger (Kafka, Spark and
-    py4j's DEBUG records carry option values), whatever the format they appear in."""
+    """Replaces the secrets of the settings in every record a handler writes, from any logger (Kafka, Spark
+    and py4j's DEBUG records carry option values), whatever the format they appear in."""
 
     def __init__(self) -> None:
         super().__init__()
