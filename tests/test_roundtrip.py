@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from cassandra_cdc.commitlog import (DamageKind, Entry, KeyStore, Mutation, MutationSerializer, SegmentFull,
                                      SegmentReader, SegmentWriter)
 from cassandra_cdc.schema.model import ColumnMetadata, Schema, TableMetadata
+from conftest import entry_fields, read_in_steps
 from strategies import FEW_COLUMNS, identifiers, mutations, related_tables, schema_of
 
 VERSIONS = (6, 7, 8)
@@ -289,6 +290,26 @@ def test_tailing_resumes_after_the_indexed_position(workload: Workload, setup: W
 
 
 @SETTINGS
+@given(workload=workloads(), setup=writer_setups(EVERY_LAYOUT), data=st.data())
+def test_a_segment_read_in_steps_gives_what_one_read_gives(workload: Workload, setup: WriterSetup,
+                                                           data: st.DataObject) -> None:
+    """Wherever reads of a segment stop (every logical position, in a marker, a section or an entry, of every
+    layout: plain, each compressor, encrypted), the entries are those of one read of the whole segment."""
+    with tempfile.TemporaryDirectory() as directory:
+        segments = write_segments(Path(directory), workload, setup, roomy_segment_size(workload),
+                                  data.draw(segment_ids))
+        (segment,) = segments
+        path = segment.writer.path
+        whole, _ = read_entries(segment, setup)
+        assert pairs(whole) == segment.entries
+        expected = entry_fields(whole)
+        for limit in range(segment.closed_at + 1):
+            assert entry_fields(read_in_steps(path, setup.keystore, [limit])) == expected, f"limit {limit}"
+        limits = sorted(data.draw(st.lists(st.integers(0, segment.closed_at), max_size=20), "limits"))
+        assert entry_fields(read_in_steps(path, setup.keystore, limits)) == expected
+
+
+@SETTINGS
 @given(workload=workloads(), setup=writer_setups(EVERY_LAYOUT), slack=st.integers(0, 15),
        segment_id=segment_ids)
 def test_sync_without_room_for_another_marker_closes_the_segment(workload: Workload, setup: WriterSetup,
@@ -358,6 +379,22 @@ def test_truncated_last_section_keeps_earlier_sections(workload: Workload, setup
         os.truncate(segment.writer.path, data.draw(st.integers(offset + 8, end - 1), "truncated length"))
         entries, reader = read_entries(segment, setup)
     assert pairs(entries) == [(p, b) for p, b in segment.entries if p < logical_start]
+    assert [d.kind for d in reader.damage] == [DamageKind.SYNC_MARKER_PAST_END]
+    assert not reader.finished
+
+
+@SETTINGS
+@given(workload=workloads(), data=st.data())
+def test_truncated_plain_segment_keeps_every_entry_before_the_cut(workload: Workload, data: st.DataObject) -> None:
+    """As Cassandra's replay: a plain section cut short by the end of the file is read up to the cut."""
+    plain = WriterSetup({})
+    with tempfile.TemporaryDirectory() as directory:
+        segment = write_one_segment(Path(directory), workload, plain, data.draw(segment_ids))
+        offset, _, start, stop = [span for span in section_spans(segment, plain) if span[3] > span[2]][-1]
+        cut = data.draw(st.integers(offset + 8, stop - 1), "truncated length")
+        os.truncate(segment.writer.path, cut)
+        entries, reader = read_entries(segment, plain)
+    assert pairs(entries) == [(p, b) for p, b in segment.entries if p <= cut]
     assert [d.kind for d in reader.damage] == [DamageKind.SYNC_MARKER_PAST_END]
     assert not reader.finished
 
