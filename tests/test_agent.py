@@ -1177,8 +1177,8 @@ def with_changes(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("text, message", [
     (yaml.safe_dump(with_changes(kafka__bootstrap_servers=None)), "kafka.bootstrap_servers: Field required"),
     (yaml.safe_dump(with_changes(server=None)), "server: Field required"),
-    (yaml.safe_dump(with_changes(server="prod/eu")), "server: Value error, use letters"),
-    (yaml.safe_dump(with_changes(kafka__bootstrap_server="x:1")), "kafka.bootstrap_server: Extra inputs"),
+    (yaml.safe_dump(with_changes(server="prod/eu")), "server: use letters"),
+    (yaml.safe_dump(with_changes(kafka__bootstrap_server="x:1")), "kafka.bootstrap_server: not a setting here"),
     (yaml.safe_dump(with_changes(schema={"file": "/a.cql", "cassandra": {}})), "exactly one of schema.file"),
     (yaml.safe_dump(with_changes(schema={})), "exactly one of schema.file"),
     (yaml.safe_dump(with_changes(cleanup={"mode": "archive"})), "needs cleanup.archive_dir"),
@@ -1187,8 +1187,8 @@ def with_changes(**changes: Any) -> dict[str, Any]:
     (yaml.safe_dump(with_changes(poll_interval_ms=0)), "poll_interval_ms: Input should be greater"),
     (yaml.safe_dump(with_changes(metrics={"port": 70000})), "metrics.port: Input should be less"),
     (yaml.safe_dump(with_changes(kafka__producer={"acks": "1", "linger.ms": 50})),
-     "kafka.producer: Value error, acks cannot be changed"),
-    (yaml.safe_dump(with_changes(node_id="n" * 300)), "node_id: Value error, must be 1 to 255 bytes"),
+     "kafka.producer: acks cannot be changed"),
+    (yaml.safe_dump(with_changes(node_id="n" * 300)), "node_id: must be 1 to 255 bytes"),
     ("server: [unclosed\n", "while parsing"),
     ("- a\n- b\n", "must be a YAML mapping"),
 ])
