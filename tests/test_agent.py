@@ -34,22 +34,23 @@ import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from typer.testing import CliRunner
 
-import cassandra_cdc.agent.agent as agent_module
+import cassandra_cdc.agent.tailer as agent_module
 import cassandra_cdc.agent.tables as tables_module
 from cassandra_cdc.agent import Agent, AgentConfig, ConfigError, load_config
 from cassandra_cdc.agent.deliveries import MARKER_INTERVAL, Deliveries
-from cassandra_cdc.agent.metrics import LatencyHistogram
+from cassandra_cdc.agent.agent_metrics import LatencyHistogram
 from cassandra_cdc.agent.publisher import Publisher
 from cassandra_cdc.agent.cdc_raw import read_cdc_index
-from cassandra_cdc.agent.state import STATE_FILE
+from cassandra_cdc.agent.positions import STATE_FILE
 from cassandra_cdc.cli.main import app
-from cassandra_cdc.commitlog import Mutation, PartitionUpdateSerializer
-from cassandra_cdc.commitlog.io import DataInput, DataOutput
+from cassandra_cdc.commitlog import Mutation
+from cassandra_cdc.storage import PartitionUpdateSerializer
+from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import EmbeddedBroker, Insert, SimulatedNode, Workload, to_mutation
 from cassandra_cdc.simulator.broker import free_port
-from cassandra_cdc.topics.raw import RawRecord, record_key
-from cassandra_cdc.topics.schemas import SchemaRecord
+from cassandra_cdc.kafka.raw_records import RawRecord, record_key
+from cassandra_cdc.kafka.schema_records import SchemaRecord
 
 from conftest import COMMITLOGS
 

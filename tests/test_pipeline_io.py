@@ -13,17 +13,17 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
 
-from cassandra_cdc.pipeline.catalog import SchemaCatalog
-from cassandra_cdc.pipeline.config import ConfigError
-from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
-from cassandra_cdc.pipeline.job import balanced_group_keys, check_state_layout
-from cassandra_cdc.pipeline.sink import (SinkError, SinkSettings, Task, TransactionalTaskSink, _CommitLog,
+from cassandra_cdc.kafka.schema_catalog import SchemaCatalog
+from cassandra_cdc.pipeline.pipeline_config import ConfigError
+from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
+from cassandra_cdc.pipeline.streaming_job import balanced_group_keys, check_state_layout
+from cassandra_cdc.pipeline.event_sink import (SinkError, SinkSettings, Task, TransactionalTaskSink, _CommitLog,
                                          _TransactionalProducer, task_sink)
-from cassandra_cdc.pipeline.source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
+from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
                                            SourceOptions, admit, group_ranges, read_range)
 from cassandra_cdc.schema import parse_schema
-from cassandra_cdc.topics.schemas import SchemaRecord
-from cassandra_cdc.pipeline.spark import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
+from cassandra_cdc.kafka.schema_records import SchemaRecord
+from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
                                          kafka_format_available)
 
 

@@ -26,17 +26,18 @@ import pandas as pd
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from cassandra_cdc.commitlog import Mutation, MutationSerializer, PartitionUpdateSerializer
-from cassandra_cdc.commitlog.io import DataInput
-from cassandra_cdc.pipeline.merge import apply
-from cassandra_cdc.pipeline.processor import ChangeProcessor, ProcessorSettings, _collector_paused, _Partitions
-from cassandra_cdc.pipeline.sink import SinkSettings, Task
-from cassandra_cdc.pipeline.source import SourceOptions
-from cassandra_cdc.pipeline.state import PartitionState
+from cassandra_cdc.commitlog import Mutation, MutationSerializer
+from cassandra_cdc.storage import PartitionUpdateSerializer
+from cassandra_cdc.storage.binary_io import DataInput
+from cassandra_cdc.merge.reconcile import apply
+from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, _collector_paused, _Partitions
+from cassandra_cdc.pipeline.event_sink import SinkSettings, Task
+from cassandra_cdc.pipeline.kafka_source import SourceOptions
+from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert, Update, to_mutation
-from cassandra_cdc.topics.raw import RawRecord, record_key
-from cassandra_cdc.topics.schemas import SchemaRecord
+from cassandra_cdc.kafka.raw_records import RawRecord, record_key
+from cassandra_cdc.kafka.schema_records import SchemaRecord
 
 SERVER = "processor"
 SCHEMA = parse_schema("""CREATE TABLE app.users (id int PRIMARY KEY, name text, age int)

@@ -15,7 +15,7 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from ..commitlog.descriptor import cdc_index_file_name, parse_segment_name
+from ..commitlog.segment_descriptor import cdc_index_file_name, parse_segment_name
 
 # A line break may end the file (as ``echo`` writes one): the offset is whole once one follows it.
 _INDEX = re.compile(r"([0-9]+)(\r?\nCOMPLETED)?\r?\n?")

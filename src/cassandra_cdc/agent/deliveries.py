@@ -27,7 +27,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, Message
 
-from .metrics import LatencyHistogram
+from .agent_metrics import LatencyHistogram
 from .publisher import Publisher
 
 MARKER_INTERVAL = 256

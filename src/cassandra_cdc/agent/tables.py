@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
 from ..schema.system_schema import fetch_schema
-from .config import AgentConfig
+from .agent_config import AgentConfig
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..agent import Agent, ConfigError, load_config
-from ..agent.status import segment_statuses
+from ..agent.segment_status import segment_statuses
 from ..settings import configure_logging
 from .options import LogLevel, LogLevelOption
 

@@ -28,8 +28,8 @@ def pipeline(
     Configure with a YAML file (see docs/pipeline.md) or the flags, which override it. The same job
     runs under spark-submit (see the README). Stops cleanly on Ctrl-C or after --duration.
     """
-    from ..pipeline.config import load_config
-    from ..pipeline.job import check_checkpoint, run
+    from ..pipeline.pipeline_config import load_config
+    from ..pipeline.streaming_job import check_checkpoint, run
 
     configure_logging(log_level.value)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
