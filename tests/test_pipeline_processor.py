@@ -370,8 +370,8 @@ RANDOM_UPDATE_BODIES = st.one_of(st.binary(max_size=80), st.builds(
 @settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(bodies=st.lists(RANDOM_UPDATE_BODIES, min_size=1, max_size=8))
-def test_random_update_bytes_under_a_valid_header_are_dead_lettered_never_merged(processor: Any, monkeypatch: Any,
-                                                                                  bodies: list[bytes]) -> None:
+def test_random_update_bytes_under_a_valid_header_are_dead_lettered_never_merged(
+        processor: Any, monkeypatch: Any, bodies: list[bytes]) -> None:
     """A raw record's header is checked by its digest; what the digest covers must also be an update of
     the record's table, read to its last byte. Bytes that are not go to the errors topic; none makes an
     event or any merge state."""

@@ -35,7 +35,8 @@ def pipeline(
 
     configure_logging(log_level)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
-                 "output.format": format, "spark.master": master, "reset_checkpoint": reset_checkpoint or None}
+                 "output.format": format, "spark.master": master,
+                 "reset_checkpoint": reset_checkpoint or None}  # None: as the file says
     try:
         settings = load_config(config, overrides)
         check_checkpoint(settings)

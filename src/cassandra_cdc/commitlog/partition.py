@@ -85,7 +85,8 @@ class PartitionUpdateSerializer:
         if flags == IS_EMPTY:
             return PartitionUpdate(table, key)
         if flags & ~_UPDATE_FLAGS or not flags & HAS_ROW_ESTIMATE:
-            raise MutationDecodeError(f"partition update flags {flags:#04x} are not a mutation's", flags_offset)
+            raise MutationDecodeError(f"partition update flags {flags:#04x} are not a mutation's",
+                                      flags_offset)
         stats = EncodingStats.deserialize(inp)
         statics = ColumnsSerializer.deserialize(inp, table, static=True) if flags & HAS_STATIC_ROW else ()
         regulars = ColumnsSerializer.deserialize(inp, table, static=False)
@@ -101,8 +102,8 @@ class PartitionUpdateSerializer:
             unfiltereds.append(UnfilteredSerializer.deserialize(inp, header, row_flags))
         # Checked once at the end rather than per row: more unfiltereds than rows means range markers.
         if len(unfiltereds) != row_count and len(update.rows) != row_count:
-            raise MutationDecodeError(f"partition update announces {row_count} rows but holds {len(update.rows)}",
-                                      start)
+            raise MutationDecodeError(f"partition update announces {row_count} rows but holds "
+                                      f"{len(update.rows)}", start)
         return update
 
     @staticmethod
@@ -176,8 +177,8 @@ class ColumnsSerializer:
             # A dropped column's kind may not be known: it is taken for either.
             if column in columns or (listed_static is not None and column.dropped_time is None
                                        and column.is_static != listed_static):
-                raise ValueError(f"the column list of a {table.qualified_name} update mixes static and regular "
-                                 f"columns or repeats one: {[c.name for c in columns + [column]]}")
+                raise ValueError(f"the column list of a {table.qualified_name} update mixes static and "
+                                 f"regular columns or repeats one: {[c.name for c in columns + [column]]}")
             if listed_static is None and column.dropped_time is None:
                 listed_static = column.is_static
             columns.append(column)

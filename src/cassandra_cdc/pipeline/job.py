@@ -165,14 +165,39 @@ def check_not_restarted_from_scratch(config: PipelineConfig) -> None:
         return
     committed = partitions_committed(sink_settings(config))
     if committed:
-        raise ConfigError(f"checkpoint {checkpoint} is empty or missing, but {committed} state partition(s) of an "
-                          f"earlier run committed output to Kafka (topic {config.commit_topic}): starting over would "
-                          "write every event again; restore the checkpoint, or pass --reset-checkpoint "
-                          "(reset_checkpoint: true) to reprocess the raw topic from the start")
+        raise ConfigError(f"checkpoint {checkpoint} is empty or missing, but {committed} state partition(s) "
+                          f"of an earlier run committed output to Kafka (topic {config.commit_topic}): "
+                          "starting over would write every event again; restore the checkpoint, or pass "
+                          "--reset-checkpoint (reset_checkpoint: true) to reprocess the raw topic from its "
+                          "start")
+
+
+# Spark's logs of planned and of completed micro-batches: per batch a file named by its id, a version
+# line ("v1"), then one JSON value per line ("-" for a source without an offset).
+CHECKPOINT_LOGS = ("offsets", "commits")
+
+
+def check_checkpoint_logs(config: PipelineConfig) -> None:
+    """Refuse a checkpoint whose batch logs Spark could not read, naming the file: Spark would fail the
+    query with a Java stack trace that does not say which file."""
+    checkpoint = Path(config.checkpoint)
+    for log_name in CHECKPOINT_LOGS:
+        for path in sorted((checkpoint / log_name).glob("[0-9]*")):
+            try:
+                version, *values = path.read_text(encoding="utf-8").splitlines()
+                if not (version.startswith("v") and version[1:].isdigit()) or not values:
+                    raise ValueError("no version line and values")
+                for value in values:
+                    if value != "-":
+                        json.loads(value)
+            except (OSError, ValueError) as error:
+                raise ConfigError(f"checkpoint file {path} is damaged ({error}): restore the checkpoint "
+                                  "from a backup, or start a new one (see --reset-checkpoint)") from None
 
 
 def check_checkpoint(config: PipelineConfig) -> None:
     """What ``start`` checks before it starts the query (the CLI calls it before Spark starts)."""
+    check_checkpoint_logs(config)
     try:
         partitions = raw_topic_partitions(config)
         check_not_restarted_from_scratch(config)

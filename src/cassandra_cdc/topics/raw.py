@@ -106,8 +106,8 @@ def decode_update(record_key: bytes, record: RawRecord, schema: Schema) -> Parti
     for column, value in zip(table.partition_key, values):
         fixed = column.type.fixed_length
         if fixed is not None and len(value) != fixed:
-            raise RawRecordError(f"partition key {key.hex()} is no key of {table.qualified_name}: {column.name} "
-                                 f"is {len(value)} bytes, not {fixed}")
+            raise RawRecordError(f"partition key {key.hex()} is no key of {table.qualified_name}: "
+                                 f"{column.name} is {len(value)} bytes, not {fixed}")
     if not key:
         raise RawRecordError(f"empty partition key in an update of {table.qualified_name}")
     if record_key[16:] != key or record_key[:16] != record.update[:16]:
