@@ -17,7 +17,7 @@ import pytest
 
 import cassandra_cdc.agent.tailer as agent_module
 from cassandra_cdc.agent import Agent
-from cassandra_cdc.agent.positions import STATE_FILE
+from cassandra_cdc.agent.positions import STATE_FILE, PositionStore, SegmentPosition
 from cassandra_cdc.simulator import EmbeddedBroker
 from cassandra_cdc.simulator.broker import free_port
 
@@ -281,3 +281,66 @@ def test_broker_that_lost_acknowledged_records_stops_the_agent_with_one_line(
     assert not any("everything read is acknowledged" in r.getMessage() for r in caplog.records)
     assert saved_positions(h.state_dir)[segment]["position"] == read
 
+
+def test_agent_restarted_after_the_broker_lost_acknowledged_records_stops_with_one_line(
+        broker: EmbeddedBroker, harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """The broker loses records it had acknowledged while the agent is stopped: the restarted agent stops with
+    one error line naming the raw topic, each partition, where it ends and the offset Kafka had acknowledged,
+    and exit status 1. With ``kafka.accept_lost_records`` it counts the records gone and carries on; the next
+    start, the offsets acknowledged since saved, finds nothing missing."""
+    h = harness()
+    with running(h.config()):
+        raw = h.raw_reader()
+        for _ in range(10):  # several batches per partition
+            h.write(20, sync_every=20)
+            raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        raw.close()
+    acknowledged = json.loads((h.state_dir / STATE_FILE).read_text())["acknowledged_offsets"][h.raw_topic]
+    lost = lose_the_last_batches(broker, h.raw_topic)
+    assert lost > 0
+    caplog.set_level(logging.INFO)
+
+    agent = Agent(h.config())
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.update(status=agent.run()), daemon=True)
+    thread.start()
+    thread.join(DEADLINE)
+    agent.stop()
+    thread.join(DEADLINE)
+    assert outcome == {"status": 1}
+    errors = [r.getMessage() for r in caplog.records
+              if r.levelno >= logging.ERROR and r.name.startswith("cassandra_cdc")]
+    assert len(errors) == 1, errors
+    assert "Kafka lost records it had acknowledged" in errors[0] and h.raw_topic in errors[0]
+    for partition, offset in acknowledged.items():
+        assert f"partition {partition} ends at offset " in errors[0]
+        assert f"acknowledged this agent's record at offset {offset}" in errors[0]
+    assert f"({lost} records gone at least" in errors[0]
+    assert "run bootstrap for the affected tables" in errors[0] and "min.insync.replicas" in errors[0]
+    assert "kafka.accept_lost_records" in errors[0]
+    assert "tailing" not in caplog.text
+
+    caplog.clear()
+    with running(h.config(kafka__accept_lost_records=True)) as agent:
+        wait_until(lambda: "tailing" in caplog.text, "the agent started")
+        assert metric(agent, "cdc_agent_kafka_records_lost_total") == lost
+        raw = h.raw_reader()
+        before = set(h.expected)
+        h.write(50)
+        raw.wait_for(lambda: h.expected.keys() - before <= raw.arrival.keys(), "the changes written after the loss")
+    assert any("carrying on (kafka.accept_lost_records)" in r.getMessage() for r in caplog.records
+               if r.levelno == logging.WARNING)
+    caplog.clear()
+    with running(h.config()) as agent:
+        wait_until(lambda: "tailing" in caplog.text, "the agent started again")
+        assert metric(agent, "cdc_agent_kafka_records_lost_total") == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "lost" in r.getMessage()]
+
+
+def test_positions_saved_by_an_older_agent_are_read(tmp_path: Path) -> None:
+    """A state file without acknowledged offsets (an agent from before they were kept) is read as it was."""
+    (tmp_path / STATE_FILE).write_text('{"version": 1, "segments": {"1000": {"file": "CommitLog-7-1000.log", '
+                                       '"position": 42, "completed": false, "damaged": false}}}')
+    positions = PositionStore(tmp_path)
+    assert positions.get(1000) == SegmentPosition("CommitLog-7-1000.log", 42)
+    assert positions.acknowledged_offsets == {}

@@ -30,6 +30,7 @@ from .agent_config import AgentConfig, ConfigError
 from .deliveries import Deliveries
 from .agent_metrics import AgentMetrics
 from .publisher import DeliveryFailed, Publisher
+from .lost_records import LostRecords, LostRecordsUnknown, describe_loss, lost_partitions
 from .positions import PositionStore, StateError
 from .quarantine import WHOLE_SEGMENT_DAMAGE, Quarantine, damage_position
 from .schema_publisher import SchemaPublisher
@@ -95,6 +96,11 @@ class Agent:
         self.metrics.serve(self.config.metrics.host, self.config.metrics.port)
         if not self._ensure_topics():
             return 0  # stopped while waiting for Kafka: nothing was read
+        try:
+            self._check_acknowledged_records()
+        except (LostRecords, LostRecordsUnknown) as error:
+            log.error("agent stopped: %s", error)
+            return 1
         log.info("agent %s tailing %s into %s", self.config.node_id, self.config.cdc_raw, self.config.raw_topic)
         self.notifier.start()
         failure: Exception | None = None
@@ -153,6 +159,22 @@ class Agent:
                 self._kafka_reachability(True)
             return True
         return False
+
+    def _check_acknowledged_records(self) -> None:
+        """Compare the offsets Kafka acknowledged before with where the raw topic's partitions end: LostRecords
+        if records are gone, unless the configuration accepts it."""
+        topic = self.config.raw_topic
+        lost = lost_partitions(self.config, topic, self.positions.acknowledged_offsets.get(topic, {}))
+        if not lost:
+            return
+        self.metrics.kafka_records_lost.inc(sum(partition.records for partition in lost))
+        if not self.config.kafka.accept_lost_records:
+            raise LostRecords(f"{describe_loss(topic, lost)}; to start anyway, set kafka.accept_lost_records: "
+                              "true (or --accept-lost-records)")
+        log.warning("%s; carrying on (kafka.accept_lost_records)", describe_loss(topic, lost))
+        # The partitions' new records get offsets from their ends again: what was acknowledged before is gone.
+        for partition in lost:
+            del self.positions.acknowledged_offsets[topic][partition.partition]
 
     def _wait_for_change(self) -> None:
         deadline = time.monotonic() + self.config.poll_interval_ms / 1000
@@ -396,6 +418,7 @@ class Agent:
                                progress.damaged)
             if progress.index_offset is not None:
                 behind += max(0, progress.index_offset - progress.acknowledged)
+        self.positions.acknowledge(self._raw_topic, self.deliveries.acknowledged_offsets(self._raw_topic))
         self.positions.save()
         self.metrics.bytes_behind.set(behind)
         self.metrics.segments_pending.set(sum(1 for p in self._progress.values() if not p.done))
