@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-import cassandra_cdc.agent.tailer as agent_module
+import cassandra_cdc.agent.segment_progress as progress_module
 from cassandra_cdc.agent import Agent
 from cassandra_cdc.agent.deliveries import MARKER_INTERVAL, Deliveries
 from cassandra_cdc.agent.agent_metrics import LatencyHistogram
@@ -170,14 +170,14 @@ def count_unreadable_idx_reads(monkeypatch: pytest.MonkeyPatch,
                                label: Callable[[Path], str]) -> collections.Counter[str]:
     """Counts, by ``label(path)``, the agent's reads of an idx file that exists but cannot be used."""
     unreadable = collections.Counter[str]()
-    read_index = agent_module.read_cdc_index
+    read_index = progress_module.read_cdc_index
 
     def spying(path: Path) -> Any:
         result = read_index(path)
         if result is None and path.exists():
             unreadable[label(path)] += 1
         return result
-    monkeypatch.setattr(agent_module, "read_cdc_index", spying)
+    monkeypatch.setattr(progress_module, "read_cdc_index", spying)
     return unreadable
 
 

@@ -1,13 +1,17 @@
-"""How far the agent has read each segment, and how far Kafka has acknowledged it."""
+"""How far the agent has read each segment, how far Kafka has acknowledged it, and how far its idx file lets
+the agent read."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict, deque
 
 from ..commitlog.segment_reader import DamageKind
-from .cdc_raw import CdcSegment
+from .cdc_raw import CdcSegment, read_cdc_index
 from .deliveries import Deliveries, Watermark
+
+log = logging.getLogger(__name__)
 
 
 class SegmentProgress:
@@ -51,6 +55,43 @@ class SegmentProgress:
     def done(self) -> bool:
         self._advance()
         return self.read_all and not self._checkpoints
+
+    def index_unreadable(self, stale_seconds: float) -> None:
+        """An idx read mid-rewrite is normal; one that stays unreadable blocks every newer segment: say so, once."""
+        now = time.monotonic()
+        if self.unreadable_since is None:
+            self.unreadable_since = now
+        elif now - self.unreadable_since >= stale_seconds and not self.unreadable_logged:
+            self.unreadable_logged = True
+            log.error("%s has been unreadable for %.0f s (not '<offset>' or '<offset>\\nCOMPLETED'): this segment "
+                      "and every newer one wait until it is readable", self.segment.index_path,
+                      now - self.unreadable_since)
+
+    def readable_extent(self, newer: list[CdcSegment],
+                        stale_seconds: float) -> tuple[int | None, bool] | None:
+        """(limit, final) for the next read of the segment, or None when there is nothing to read yet.
+
+        A None limit reads to the end of the segment.
+        """
+        segment = self.segment
+        index = read_cdc_index(segment.index_path)
+        if index is None:
+            if segment.index_path.exists():
+                return None  # caught mid-rewrite: read it again on the next pass
+            if segment.version == 6:
+                return None, True  # Cassandra 3.x moves a segment in once it is complete
+            return None  # 4.0+: no CDC data in this segment (yet)
+        if index.offset != self.index_offset:
+            self.index_offset = index.offset
+            self.changed_at = time.monotonic()
+        if index.completed:
+            return index.offset, True
+        idle = time.monotonic() - self.changed_at
+        if newer and idle >= stale_seconds and any(s.index_path.exists() for s in newer):
+            log.warning("%s was never COMPLETED (the node restarted?) and newer segments have data: "
+                        "reading it to its end", segment.path.name)
+            return None, True
+        return index.offset, False
 
     def _advance(self) -> None:
         """Move over the checkpoints Kafka has acknowledged: when asked, not per delivery."""

@@ -25,7 +25,7 @@ from ..storage import MutationDecodeError, UnknownTableError
 from ..commitlog.mutation import split_partition_updates
 from ..commitlog.segment_reader import DamageKind, Entry
 from ..kafka.raw_records import encode_update
-from .cdc_raw import CdcSegment, ChangeNotifier, list_segments, read_cdc_index
+from .cdc_raw import CdcSegment, ChangeNotifier, list_segments
 from .agent_config import AgentConfig, ConfigError
 from .deliveries import Deliveries
 from .agent_metrics import AgentMetrics
@@ -197,10 +197,10 @@ class Agent:
                 if progress.done:
                     self._finish(progress)
                 continue
-            extent = self._readable_extent(progress, segments[index + 1:])
+            extent = progress.readable_extent(segments[index + 1:], self.config.stale_segment_seconds)
             if extent is None:
                 if segment.index_path.exists():
-                    self._index_unreadable(progress)
+                    progress.index_unreadable(self.config.stale_segment_seconds)
                     break  # its idx was caught mid-rewrite: nothing newer before it is read again
                 continue  # 4.0+ segment without CDC data (yet): newer segments do not wait for it
             progress.unreadable_since = None
@@ -239,42 +239,6 @@ class Agent:
                                        saved.damaged if saved else False)
             self._progress[segment.segment_id] = progress
         return progress
-
-    def _index_unreadable(self, progress: SegmentProgress) -> None:
-        """An idx read mid-rewrite is normal; one that stays unreadable blocks every newer segment: say so, once."""
-        now = time.monotonic()
-        if progress.unreadable_since is None:
-            progress.unreadable_since = now
-        elif now - progress.unreadable_since >= self.config.stale_segment_seconds and not progress.unreadable_logged:
-            progress.unreadable_logged = True
-            log.error("%s has been unreadable for %.0f s (not '<offset>' or '<offset>\\nCOMPLETED'): this segment "
-                      "and every newer one wait until it is readable", progress.segment.index_path,
-                      now - progress.unreadable_since)
-
-    def _readable_extent(self, progress: SegmentProgress, newer: list[CdcSegment]) -> tuple[int | None, bool] | None:
-        """(limit, final) for the next read of a segment, or None when there is nothing to read yet.
-
-        A None limit reads to the end of the segment.
-        """
-        segment = progress.segment
-        index = read_cdc_index(segment.index_path)
-        if index is None:
-            if segment.index_path.exists():
-                return None  # caught mid-rewrite: read it again on the next pass
-            if segment.version == 6:
-                return None, True  # Cassandra 3.x moves a segment in once it is complete
-            return None  # 4.0+: no CDC data in this segment (yet)
-        if index.offset != progress.index_offset:
-            progress.index_offset = index.offset
-            progress.changed_at = time.monotonic()
-        if index.completed:
-            return index.offset, True
-        idle = time.monotonic() - progress.changed_at
-        if newer and idle >= self.config.stale_segment_seconds and any(s.index_path.exists() for s in newer):
-            log.warning("%s was never COMPLETED (the node restarted?) and newer segments have data: "
-                        "reading it to its end", segment.path.name)
-            return None, True
-        return index.offset, False
 
     def _read(self, progress: SegmentProgress, limit: int | None, final: bool) -> bool:
         segment = progress.segment
