@@ -65,6 +65,9 @@ class KafkaSettings(_Section):
                                      description="Extra librdkafka producer settings (security, batching).")
     max_buffered_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
                                     description="Unacknowledged bytes held in memory before reading pauses.")
+    accept_lost_records: bool = Field(
+        False, description="Start even though the raw topic lost records Kafka had acknowledged to this agent "
+                           "(logged and counted); without it the agent stops with exit status 1.")
 
     @field_validator("producer")
     @classmethod

@@ -58,6 +58,9 @@ class AgentMetrics:
         self.cdc_raw_usage = Gauge("cdc_agent_cdc_raw_usage_ratio", "cdc_raw bytes / cdc_total_space", registry=r)
         self.kafka_reachable = Gauge("cdc_agent_kafka_reachable", "1 when Kafka accepts records", registry=r)
         self.kafka_reachable.set(1)
+        self.kafka_records_lost = Counter(
+            "cdc_agent_kafka_records_lost", "Records Kafka had acknowledged that the raw topic no longer holds "
+            "(found at start)", registry=r)
         # Bumped per record by the agent's thread, read at scrape time.
         self.mutations_read: defaultdict[str, int] = defaultdict(int)  # by table
         # acknowledged by Kafka, by table ("errors": dead letters)

@@ -8,6 +8,7 @@ can be read empty or half-written, and such a read is retried, never interpreted
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,6 +71,12 @@ def cdc_raw_bytes(cdc_raw: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def move_files(files: list[Path], directory: Path) -> None:
+    """Move a segment's files (out of cdc_raw) into a directory."""
+    for path in files:
+        shutil.move(str(path), directory / path.name)
 
 
 class ChangeNotifier:

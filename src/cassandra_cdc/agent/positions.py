@@ -1,4 +1,5 @@
-"""The agent's durable position: per segment, the logical position up to which Kafka has everything.
+"""The agent's durable position: per segment, the logical position up to which Kafka has everything; per
+partition of the raw topic, the highest offset Kafka acknowledged for the agent's own records.
 
 Saved by write-temp + fsync + rename (+ fsync of the directory), so a crash at any moment leaves either
 the old or the new file, never a torn one. What the agent writes is its own: files 0600, directories 0700,
@@ -54,6 +55,8 @@ class PositionStore:
         self.path = state_dir / STATE_FILE
         private_directory(state_dir)
         self.segments: dict[int, SegmentPosition] = {}
+        # Per topic, per partition: the highest offset Kafka acknowledged (files of older agents have none).
+        self.acknowledged_offsets: dict[str, dict[int, int]] = {}
         self._saved: str | None = None
         if self.path.exists():
             self._load()
@@ -64,7 +67,9 @@ class PositionStore:
             if data.get("version") != STATE_VERSION:
                 raise ValueError(f"state version {data.get('version')} is not {STATE_VERSION}")
             self.segments = {int(k): SegmentPosition(**v) for k, v in data["segments"].items()}
-        except (ValueError, KeyError, TypeError) as error:
+            self.acknowledged_offsets = {topic: {int(p): int(o) for p, o in offsets.items()}
+                                         for topic, offsets in data.get("acknowledged_offsets", {}).items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{self.path}: unreadable agent state ({error}); move it away to start over") from error
         self._saved = self._serialize()
 
@@ -78,9 +83,21 @@ class PositionStore:
     def forget(self, segment_id: int) -> None:
         self.segments.pop(segment_id, None)
 
+    def acknowledge(self, topic: str, offsets: dict[int, int]) -> None:
+        """Raise the topic's acknowledged offsets to these (per partition)."""
+        saved = self.acknowledged_offsets.setdefault(topic, {})
+        for partition, offset in offsets.items():
+            if offset > saved.get(partition, -1):
+                saved[partition] = offset
+
     def _serialize(self) -> str:
-        segments = {str(k): asdict(v) for k, v in sorted(self.segments.items())}
-        return json.dumps({"version": STATE_VERSION, "segments": segments}, indent=1)
+        state: dict[str, object] = {"version": STATE_VERSION,
+                                    "segments": {str(k): asdict(v) for k, v in sorted(self.segments.items())}}
+        offsets = {topic: {str(p): o for p, o in sorted(by_partition.items())}
+                   for topic, by_partition in sorted(self.acknowledged_offsets.items()) if by_partition}
+        if offsets:
+            state["acknowledged_offsets"] = offsets
+        return json.dumps(state, indent=1)
 
     def save(self) -> bool:
         """Write the state durably if it changed; return whether it was written."""

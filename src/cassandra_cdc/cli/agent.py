@@ -33,6 +33,9 @@ def agent(
     after_completed: Annotated[Optional[str], typer.Option(
         help="delete | keep | archive:DIR — what to do with fully published segments.")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="Prometheus port (0: off).")] = None,
+    accept_lost_records: Annotated[bool, typer.Option(
+        help="Start even though the raw topic lost records Kafka had acknowledged (kafka.accept_lost_records).")
+    ] = False,
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Tail cdc_raw and publish every change of a CDC table to Kafka.
@@ -44,7 +47,8 @@ def agent(
     if ctx.invoked_subcommand is not None:
         return
     overrides = {"cdc_raw": cdc_raw, "schema.file": schema, "kafka.bootstrap_servers": bootstrap_servers,
-                 "server": server, "node_id": node_id, "state_dir": state_dir, "metrics.port": metrics_port}
+                 "server": server, "node_id": node_id, "state_dir": state_dir, "metrics.port": metrics_port,
+                 "kafka.accept_lost_records": accept_lost_records or None}
     if after_completed is not None:
         mode, _, directory = after_completed.partition(":")
         overrides["cleanup.mode"] = mode
