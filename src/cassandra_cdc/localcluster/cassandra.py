@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -33,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 import yaml
 
 from . import artifacts
-from .process import JvmError, JvmProcess
+from .process import JvmError, JvmProcess, JvmService, run_tool
 from ..simulator.broker import free_port
 
 log = logging.getLogger(__name__)
@@ -91,7 +90,7 @@ def evenly_spaced_tokens(nodes: int) -> list[int]:
     return [_MURMUR3_MIN + index * ((1 << 64) // nodes) for index in range(nodes)]
 
 
-class CassandraNode:
+class CassandraNode(JvmService):
     """One node of a :class:`CassandraCluster`; its directories exist from construction on."""
 
     def __init__(self, index: int, directory: Path, config: Mapping[str, Any], jmx_port: int,
@@ -131,14 +130,6 @@ class CassandraNode:
     def __repr__(self) -> str:
         return f"CassandraNode({self.address}, {'running' if self.running else 'stopped'})"
 
-    @property
-    def running(self) -> bool:
-        return self._process.running
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
     def start(self, timeout: float = 180.0) -> float:
         """Start the node and wait for its CQL port; returns the seconds it took."""
         started = time.monotonic()
@@ -173,11 +164,7 @@ class CassandraNode:
                    f"-Duser.home={self.directory}", f"-Dlogback.configurationFile={self._tools_logback}",
                    "-cp", artifacts.classpath(artifacts.CASSANDRA), "org.apache.cassandra.tools.NodeTool",
                    "-h", "127.0.0.1", "-p", str(self.jmx_port), *arguments]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
-        if result.returncode != 0:
-            raise JvmError(f"nodetool {' '.join(arguments)} on {self.address} failed with status "
-                           f"{result.returncode}: {(result.stderr or result.stdout).strip()[-2000:]}")
-        return result.stdout
+        return run_tool(command, f"nodetool {' '.join(arguments)} on {self.address}", timeout)
 
 
 class CassandraCluster:
@@ -233,6 +220,11 @@ class CassandraCluster:
             "commitlog_segment_size": "2MiB",
             "commitlog_sync": "periodic",
             "commitlog_sync_period": "1000ms",
+            # Nodes sharing a few busy cores answer slowly, not wrongly: single-partition requests get
+            # the 10 s of the others (longer ones would also make a stopping node wait that long for
+            # its messages to settle).
+            "read_request_timeout": "10s",
+            "write_request_timeout": "10s",
             "authenticator": "AllowAllAuthenticator",
             "authorizer": "AllowAllAuthorizer",
             "concurrent_compactors": 1,
@@ -308,7 +300,9 @@ class CassandraCluster:
             contact_points, policy = self.contact_points, DCAwareRoundRobinPolicy("datacenter1")
         else:
             contact_points, policy = [only.address], WhiteListRoundRobinPolicy([only.address])
-        profile = ExecutionProfile(load_balancing_policy=policy)
+        # Waits to match the nodes' longer timeouts (see _node_config).
+        profile = ExecutionProfile(load_balancing_policy=policy, request_timeout=60)
+        options = {"max_schema_agreement_wait": 60, "connect_timeout": 30, **options}
         cluster = Cluster(contact_points, port=self.native_port, protocol_version=ProtocolVersion.V5,
                           execution_profiles={EXEC_PROFILE_DEFAULT: profile}, **options)
         try:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import base64
 import logging
-import subprocess
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 from . import artifacts
-from .process import JvmError, JvmProcess
+from .process import JvmError, JvmProcess, JvmService, run_tool
 from ..simulator.broker import EmbeddedBroker, free_port
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,7 @@ _JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryEr
         "-Djava.awt.headless=true"]
 
 
-class KafkaBroker:
+class KafkaBroker(JvmService):
     """A single-node Kafka cluster (node id 1) under ``work_dir``; a context manager that runs it."""
 
     def __init__(self, work_dir: str | Path, port: int | None = None, *, heap: str = "512m",
@@ -105,24 +104,13 @@ class KafkaBroker:
     create_topic = EmbeddedBroker.create_topic
     admin = EmbeddedBroker.admin
 
-    @property
-    def running(self) -> bool:
-        return self._process.running
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid
-
     def _format_storage(self) -> None:
         """Give the log directory its cluster id and metadata (first start only, as ``kafka-storage.sh``)."""
         if (self.data_dir / "meta.properties").is_file():
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        result = subprocess.run([*self._java, "kafka.tools.StorageTool", "format", "-t", cluster_id,
-                                 "-c", str(self.properties)], capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise JvmError(f"formatting Kafka storage {self.data_dir} failed with status "
-                           f"{result.returncode}: {(result.stderr or result.stdout).strip()[-2000:]}")
+        run_tool([*self._java, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+                  "-c", str(self.properties)], f"formatting Kafka storage {self.data_dir}")
 
     def start(self) -> float:
         """Start the broker and wait until it answers metadata requests; returns the seconds it took."""

@@ -114,3 +114,26 @@ class JvmProcess:
         if self._process is not None and self.running:
             self._process.kill()
             self._process.wait()
+
+
+class JvmService:
+    """What a node or a broker built on one :class:`JvmProcess` (``self._process``) shares."""
+
+    _process: JvmProcess
+
+    @property
+    def running(self) -> bool:
+        return self._process.running
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+
+def run_tool(command: Sequence[str], what: str, timeout: float = 120.0) -> str:
+    """Run a short-lived JVM tool to completion; its output, or a :class:`JvmError` naming ``what`` failed."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if result.returncode != 0:
+        raise JvmError(f"{what} failed with status {result.returncode}: "
+                       f"{(result.stderr or result.stdout).strip()[-2000:]}")
+    return result.stdout
