@@ -249,26 +249,39 @@ class CassandraCluster:
         return self
 
     def wait_until_joined(self, deadline: float) -> None:
-        """Until each running node's gossip (``system_views.gossip_info``) shows all running nodes NORMAL
-        with the same schema: a node answering CQL may not yet know its peers, and a keyspace created
-        then gets fewer replicas than asked for."""
+        """Until the gossip of every running node (``system_views.gossip_info``) shows the same thing: all
+        running nodes NORMAL, each in its latest incarnation (generation), one schema version. A node
+        answering CQL may not know its peers yet (a keyspace created then gets fewer replicas than asked
+        for), and a restarted node is known to the others only once they have its new generation."""
         running = [node for node in self.nodes if node.running]
         expected = {node.address for node in running}
-        for node in running:
-            with self.driver(only=node) as driver:
-                session = driver.connect()
-                while True:
-                    rows = list(session.execute('SELECT address, status_with_port, "schema" '
-                                                "FROM system_views.gossip_info"))
-                    normal = {row.address for row in rows
-                              if (row.status_with_port or "").startswith("NORMAL")}
-                    schemas = {row.schema for row in rows if row.address in expected}
-                    if expected <= normal and len(schemas) == 1:
-                        break
-                    if time.monotonic() > deadline:
-                        raise JvmError(f"Cassandra node {node.address} sees {sorted(normal)} NORMAL, "
-                                       f"not all of {sorted(expected)}: see {node.system_log}")
-                    time.sleep(0.2)
+        with contextlib.ExitStack() as stack:
+            sessions = {node.address: stack.enter_context(self.driver(only=node)).connect()
+                        for node in running}
+            while True:
+                views = {address: self._gossip_view(session, expected)
+                         for address, session in sessions.items()}
+                if self._agreed(list(views.values()), expected):
+                    return
+                if time.monotonic() > deadline:
+                    raise JvmError(f"the Cassandra nodes do not agree on their cluster: {views} "
+                                   f"(logs: {', '.join(str(node.system_log) for node in running)})")
+                time.sleep(0.2)
+
+    @staticmethod
+    def _gossip_view(session: Any, addresses: set[str]) -> dict[str, tuple[int, str, Any]]:
+        """(generation, status, schema version) of each of ``addresses`` as one node's gossip knows it."""
+        rows = session.execute('SELECT address, generation, status_with_port, "schema" '
+                               "FROM system_views.gossip_info")
+        return {row.address: (row.generation, row.status_with_port or "", row.schema)
+                for row in rows if row.address in addresses}
+
+    @staticmethod
+    def _agreed(views: list[dict[str, tuple[int, str, Any]]], addresses: set[str]) -> bool:
+        first = views[0]
+        return (all(view == first for view in views) and set(first) == addresses
+                and all(status.startswith("NORMAL") for _, status, _ in first.values())
+                and len({schema for _, _, schema in first.values()}) == 1)
 
     def stop(self) -> None:
         """Stop every node cleanly, all at once (each drains on its own)."""
