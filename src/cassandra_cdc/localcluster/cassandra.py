@@ -154,6 +154,8 @@ class CassandraNode(JvmService):
         self._process.kill()
 
     def restart(self, timeout: float = 180.0) -> float:
+        """Stop and start this node alone; ``CassandraCluster.start()`` after a node's ``stop`` or ``kill``
+        also waits until the other nodes know it again."""
         self.stop()
         return self.start(timeout)
 
