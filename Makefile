@@ -21,6 +21,8 @@ JVM_LIB := .jvm/lib
 JVM_POMS := $(wildcard jvm/pom.xml jvm/*/pom.xml)
 
 .jvm/.installed: $(JVM_POMS)
+	@command -v mvn >/dev/null || { echo "make install: fetching the JVM artifacts of jvm/*/pom.xml" \
+	    "needs Maven 3.8+ (mvn) and Java 17+" >&2; exit 2; }
 	rm -rf $(JVM_LIB)
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
 	touch $@
