@@ -317,7 +317,8 @@ class CassandraCluster:
             contact_points, policy = [only.address], WhiteListRoundRobinPolicy([only.address])
         # Waits to match the nodes' longer timeouts (see _node_config).
         profile = ExecutionProfile(load_balancing_policy=policy, request_timeout=60)
-        options = {"max_schema_agreement_wait": 60, "connect_timeout": 30, **options}
+        options = {"max_schema_agreement_wait": 60, "connect_timeout": 30, "control_connection_timeout": 30,
+                   **options}
         cluster = Cluster(contact_points, port=self.native_port, protocol_version=ProtocolVersion.V5,
                           execution_profiles={EXEC_PROFILE_DEFAULT: profile}, **options)
         try:
