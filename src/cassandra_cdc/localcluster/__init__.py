@@ -1,0 +1,12 @@
+"""Real Apache Cassandra nodes and a real Apache Kafka broker on loopback, for tests and demos.
+
+They run from the JVM artifacts ``make install`` fetches (see :mod:`.artifacts`); nothing is downloaded
+at run time. :class:`CassandraCluster` starts N CDC-enabled Cassandra 5.0 nodes, :class:`KafkaBroker`
+one KRaft-mode Kafka broker.
+"""
+
+from .artifacts import MissingArtifacts, missing_reason
+from .cassandra import CassandraCluster, CassandraNode
+from .process import JvmError
+
+__all__ = ["CassandraCluster", "CassandraNode", "JvmError", "MissingArtifacts", "missing_reason"]

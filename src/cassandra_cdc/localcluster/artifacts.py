@@ -1,0 +1,96 @@
+"""Where the JVM programs fetched by ``make install`` live, and the Java that runs them.
+
+``make install`` copies each pinned runtime classpath of ``jvm/*/pom.xml`` into its own directory::
+
+    .jvm/lib/cassandra/     Apache Cassandra 5.0 (CassandraDaemon, NodeTool)
+    .jvm/lib/kafka/         Apache Kafka 4.x broker (kafka.Kafka, kafka.tools.StorageTool)
+    .jvm/lib/spark-kafka/   Spark's Kafka source and sink, with their dependencies
+
+``CASSANDRA_CDC_JVM_LIB`` points elsewhere; ``JAVA_HOME`` chooses the Java (default: ``java`` on PATH).
+Nothing here downloads anything: a missing piece raises :class:`MissingArtifacts` saying what to run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+MINIMUM_JAVA = 17
+
+CASSANDRA = "cassandra"
+KAFKA = "kafka"
+SPARK_KAFKA = "spark-kafka"
+
+# What each classpath directory must hold for the programs started from it.
+_REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-"}
+
+# The version a jar's file name ends with (Maven's <artifactId>-<version>[-classifier].jar); a classifier
+# starts with a letter or is a build number, so "-0-10_2.13" stays part of spark-sql-kafka-0-10_2.13.
+_JAR_VERSION = re.compile(r"-\d+(\.\w+)*(-[A-Za-z][\w.-]*|-\d+)?\.jar$")
+
+
+class MissingArtifacts(RuntimeError):
+    """Java or a fetched classpath is not there; the message says what to install or run."""
+
+
+def lib_directory() -> Path:
+    return Path(os.environ.get("CASSANDRA_CDC_JVM_LIB", REPO_ROOT / ".jvm" / "lib"))
+
+
+def jars(name: str) -> list[Path]:
+    """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA`` or ``SPARK_KAFKA``), sorted by name."""
+    directory = lib_directory() / name
+    found = sorted(directory.glob("*.jar"))
+    if not any(jar.name.startswith(_REQUIRED_JAR[name]) for jar in found):
+        raise MissingArtifacts(f"{directory}: no {_REQUIRED_JAR[name]}*.jar; run `make install` "
+                               "(it fetches the pinned JVM artifacts with Maven)")
+    return found
+
+
+def classpath(name: str) -> str:
+    return os.pathsep.join(str(jar) for jar in jars(name))
+
+
+def missing_reason() -> str | None:
+    """Why the real Cassandra and Kafka cannot run here, or None when they can."""
+    try:
+        java_executable()
+        jars(CASSANDRA)
+        jars(KAFKA)
+    except MissingArtifacts as error:
+        return str(error)
+    return None
+
+
+@functools.cache
+def java_executable() -> str:
+    """The ``java`` to run, checked to be Java 17 or newer."""
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
+    if not java or not Path(java).is_file():
+        where = f"JAVA_HOME={java_home}" if java_home else "java not on PATH"
+        raise MissingArtifacts(f"no Java found ({where}); install Java {MINIMUM_JAVA} or newer")
+    output = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', output)
+    major = int(match.group(1)) if match else 0
+    major = int(match.group(2)) if major == 1 and match and match.group(2) else major
+    if major < MINIMUM_JAVA:
+        raise MissingArtifacts(f"{java} is Java {major or '?'}; Java {MINIMUM_JAVA} or newer is needed")
+    return java
+
+
+def artifact_name(jar: Path) -> str:
+    """``kafka-clients-3.9.2.jar`` -> ``kafka-clients``."""
+    return _JAR_VERSION.sub("", jar.name)
+
+
+def spark_kafka_jars(spark_jars_directory: Path) -> list[Path]:
+    """Spark's Kafka connector and what it needs, minus the artifacts Spark itself already ships
+    (in any version: two copies of one library on a classpath is what breaks it)."""
+    shipped = {artifact_name(jar) for jar in spark_jars_directory.glob("*.jar")}
+    return [jar for jar in jars(SPARK_KAFKA) if artifact_name(jar) not in shipped]

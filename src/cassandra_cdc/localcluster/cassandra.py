@@ -1,0 +1,295 @@
+"""N real Apache Cassandra 5.0 nodes on loopback addresses (127.0.0.1, 127.0.0.2, ...), CDC enabled.
+
+Example::
+
+    with CassandraCluster(work_dir, nodes=3, progress=print) as cluster:
+        with cluster.driver() as driver:
+            session = driver.connect()
+            ...
+        cluster.nodes[0].nodetool("flush")
+        segments = sorted(cluster.nodes[0].cdc_raw_dir.glob("CommitLog-*.log"))
+
+Each node is one ``CassandraDaemon`` JVM started from the classpath ``make install`` fetched (see
+:mod:`.artifacts`), with its own ``cassandra.yaml``, data, commit log, ``cdc_raw`` and log directories
+under ``work_dir/node<i>``, and its own JMX port for ``nodetool``. Linux routes all of 127/8 to the
+loopback interface, so every node keeps Cassandra's one-port-per-role layout on an address of its own.
+
+It is a fresh test cluster, set for starting fast on a small machine: one token per node spread evenly
+(no bootstrap, no token allocation), no gossip settling, small heaps, small commit log segments so they
+fill and roll, a simple snitch with one datacenter (``datacenter1``). Nodes start one after another,
+each awaited until its CQL port answers; a node that fails raises :class:`~.process.JvmError` with the
+tail of its log. A restarted node keeps its directories (and replays its commit log).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import yaml
+
+from . import artifacts
+from .process import JvmError, JvmProcess
+from ..simulator.broker import free_port
+
+log = logging.getLogger(__name__)
+
+# The module exports and opens Cassandra 5.0 needs on Java 17 (as its conf/jvm17-server.options lists them).
+_JAVA17_ACCESS = [
+    "--add-exports", "java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-exports", "java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED",
+    "--add-exports", "java.rmi/sun.rmi.registry=ALL-UNNAMED",
+    "--add-exports", "java.rmi/sun.rmi.server=ALL-UNNAMED",
+    "--add-exports", "java.sql/java.sql=ALL-UNNAMED",
+    "--add-exports", "java.base/java.lang.ref=ALL-UNNAMED",
+    "--add-exports", "jdk.unsupported/sun.misc=ALL-UNNAMED",
+    "--add-exports", "jdk.compiler/com.sun.tools.javac.file=ALL-UNNAMED",
+    "--add-exports", "jdk.attach/sun.tools.attach=ALL-UNNAMED",
+    *[option for package in (
+        "java.base/java.lang.module", "java.base/jdk.internal.loader", "java.base/jdk.internal.ref",
+        "java.base/jdk.internal.reflect", "java.base/jdk.internal.math", "java.base/jdk.internal.module",
+        "java.base/jdk.internal.util.jar", "jdk.management/com.sun.management.internal",
+        "java.base/sun.nio.ch", "java.base/java.io", "java.base/java.lang.reflect",
+        "jdk.compiler/com.sun.tools.javac", "java.base/java.lang", "java.base/java.util")
+      for option in ("--add-opens", f"{package}=ALL-UNNAMED")],
+    "-Djdk.attach.allowAttachSelf=true",
+    "-Dio.netty.tryReflectionSetAccessible=true",
+]
+
+# A test node favours starting fast over peak throughput: C1 only, one small serial heap.
+_SMALL_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss256k", "-XX:+PerfDisableSharedMem",
+              "-Djava.net.preferIPv4Stack=true"]
+
+_LOGBACK = """<configuration scan="false">
+  <appender name="FILE" class="ch.qos.logback.core.FileAppender">
+    <file>{log}</file>
+    <encoder><pattern>%-5level [%thread] %date{{ISO8601}} %logger{{0}} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="INFO"><appender-ref ref="FILE"/></root>
+</configuration>
+"""
+
+# nodetool's own logging: warnings only, on stderr, so its output is just the answer.
+_LOGBACK_TOOLS = """<configuration scan="false">
+  <appender name="STDERR" class="ch.qos.logback.core.ConsoleAppender">
+    <target>System.err</target>
+    <encoder><pattern>%-5level %logger{0} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="WARN"><appender-ref ref="STDERR"/></root>
+</configuration>
+"""
+
+_MURMUR3_MIN = -(1 << 63)
+
+
+def evenly_spaced_tokens(nodes: int) -> list[int]:
+    """One Murmur3 token per node, splitting the ring into equal ranges."""
+    return [_MURMUR3_MIN + index * ((1 << 64) // nodes) for index in range(nodes)]
+
+
+class CassandraNode:
+    """One node of a :class:`CassandraCluster`; its directories exist from construction on."""
+
+    def __init__(self, index: int, directory: Path, config: Mapping[str, Any], jmx_port: int,
+                 heap: str) -> None:
+        self.index = index
+        self.address = f"127.0.0.{index + 1}"
+        self.directory = directory
+        self.jmx_port = jmx_port
+        self.native_port = int(config["native_transport_port"])
+        self.cdc_raw_dir = Path(config["cdc_raw_directory"])
+        self.commitlog_dir = Path(config["commitlog_directory"])
+        self.log_dir = directory / "logs"
+        self.system_log = self.log_dir / "system.log"
+        conf = directory / "conf"
+        for path in (conf / "triggers", self.log_dir, self.cdc_raw_dir, self.commitlog_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        (conf / "cassandra.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        (conf / "logback.xml").write_text(_LOGBACK.format(log=self.system_log))
+        self._tools_logback = conf / "logback-tools.xml"
+        self._tools_logback.write_text(_LOGBACK_TOOLS)
+        classpath = artifacts.classpath(artifacts.CASSANDRA)
+        jamm = [f"-javaagent:{jar}" for jar in artifacts.jars(artifacts.CASSANDRA)
+                if jar.name.startswith("jamm-")]
+        self._process = JvmProcess(
+            f"Cassandra node {self.address}",
+            [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *_SMALL_JVM, *_JAVA17_ACCESS, *jamm,
+             f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
+             f"-Dlogback.configurationFile={conf / 'logback.xml'}",
+             f"-Dcassandra.logdir={self.log_dir}", f"-Dcassandra.storagedir={directory}",
+             f"-Dcassandra.triggers_dir={conf / 'triggers'}", "-XX:+ExitOnOutOfMemoryError",
+             f"-Dcassandra.jmx.local.port={jmx_port}", "-Djava.rmi.server.hostname=127.0.0.1",
+             "-Dcassandra-foreground=yes", "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+             "-Dcassandra.ring_delay_ms=1000", "-Dcassandra.superuser_setup_delay_ms=0",
+             "-cp", classpath, "org.apache.cassandra.service.CassandraDaemon"],
+            self.log_dir, self.system_log)
+
+    def __repr__(self) -> str:
+        return f"CassandraNode({self.address}, {'running' if self.running else 'stopped'})"
+
+    @property
+    def running(self) -> bool:
+        return self._process.running
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    def start(self, timeout: float = 180.0) -> float:
+        """Start the node and wait for its CQL port; returns the seconds it took."""
+        started = time.monotonic()
+        self._process.start()
+        try:
+            self._process.wait_for_port(self.address, self.native_port, timeout)
+        except JvmError:
+            self._process.kill()
+            raise
+        return time.monotonic() - started
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """A clean shutdown (SIGTERM: Cassandra drains), SIGKILL after ``timeout``."""
+        self._process.stop(timeout)
+
+    def request_stop(self) -> None:
+        """Ask for a clean shutdown without waiting for it (:meth:`stop` then waits)."""
+        self._process.terminate()
+
+    def kill(self) -> None:
+        """SIGKILL: the commit log is all that survives, as after a crash."""
+        self._process.kill()
+
+    def restart(self, timeout: float = 180.0) -> float:
+        self.stop()
+        return self.start(timeout)
+
+    def nodetool(self, *arguments: str, timeout: float = 120.0) -> str:
+        """Run ``nodetool <arguments>`` against this node over JMX; returns its output, raises on failure."""
+        # user.home: where nodetool keeps its history, kept out of the user's own home.
+        command = [artifacts.java_executable(), "-Xmx128m", *_SMALL_JVM, *_JAVA17_ACCESS,
+                   f"-Duser.home={self.directory}", f"-Dlogback.configurationFile={self._tools_logback}",
+                   "-cp", artifacts.classpath(artifacts.CASSANDRA), "org.apache.cassandra.tools.NodeTool",
+                   "-h", "127.0.0.1", "-p", str(self.jmx_port), *arguments]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+        if result.returncode != 0:
+            raise JvmError(f"nodetool {' '.join(arguments)} on {self.address} failed with status "
+                           f"{result.returncode}: {(result.stderr or result.stdout).strip()[-2000:]}")
+        return result.stdout
+
+
+class CassandraCluster:
+    """``nodes`` real Cassandra nodes under ``work_dir``; a context manager that starts and stops them.
+
+    ``heap`` is each node's -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the
+    same for every node); ``progress`` gets one line per node started or stopped.
+    """
+
+    def __init__(self, work_dir: str | Path, nodes: int = 3, *, heap: str = "512m",
+                 cluster_name: str = "cdc-test", config: Mapping[str, Any] | None = None,
+                 progress: Callable[[str], None] | None = None,
+                 startup_timeout: float = 180.0) -> None:
+        if not 1 <= nodes <= 254:
+            raise ValueError(f"nodes must be 1 to 254 (one loopback address each), not {nodes}")
+        self.work_dir = Path(work_dir).resolve()
+        self.native_port = free_port()
+        self.storage_port = free_port()
+        self.startup_timeout = startup_timeout
+        self._progress = progress or log.info
+        tokens = evenly_spaced_tokens(nodes)
+        self.nodes = []
+        for index in range(nodes):
+            directory = self.work_dir / f"node{index + 1}"
+            settings = self._node_config(cluster_name, f"127.0.0.{index + 1}", directory, tokens[index])
+            settings.update(config or {})
+            self.nodes.append(CassandraNode(index, directory, settings, free_port(), heap))
+
+    def _node_config(self, cluster_name: str, address: str, directory: Path, token: int) -> dict[str, Any]:
+        return {
+            "cluster_name": cluster_name,
+            "num_tokens": 1,
+            "initial_token": str(token),
+            "auto_bootstrap": False,
+            "partitioner": "org.apache.cassandra.dht.Murmur3Partitioner",
+            "endpoint_snitch": "SimpleSnitch",
+            "seed_provider": [{"class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
+                               "parameters": [{"seeds": f"127.0.0.1:{self.storage_port}"}]}],
+            "listen_address": address,
+            "rpc_address": address,
+            "storage_port": self.storage_port,
+            "native_transport_port": self.native_port,
+            "start_native_transport": True,
+            # A fresh 5.0 cluster: 5.0's own formats (commit log version 8), not the 4.x-compatible ones.
+            "storage_compatibility_mode": "NONE",
+            "data_file_directories": [str(directory / "data")],
+            "commitlog_directory": str(directory / "commitlog"),
+            "saved_caches_directory": str(directory / "saved_caches"),
+            "hints_directory": str(directory / "hints"),
+            "cdc_enabled": True,
+            "cdc_raw_directory": str(directory / "cdc_raw"),
+            "cdc_total_space": "256MiB",
+            "commitlog_segment_size": "2MiB",
+            "commitlog_sync": "periodic",
+            "commitlog_sync_period": "1000ms",
+            "authenticator": "AllowAllAuthenticator",
+            "authorizer": "AllowAllAuthorizer",
+            "concurrent_compactors": 1,
+        }
+
+    @property
+    def contact_points(self) -> list[str]:
+        return [node.address for node in self.nodes]
+
+    def start(self) -> "CassandraCluster":
+        """Start the nodes that are not running, one after another (the first is the seed)."""
+        for node in self.nodes:
+            if not node.running:
+                self._progress(f"starting Cassandra node {node.address} ({node.index + 1}/{len(self.nodes)})")
+                seconds = node.start(self.startup_timeout)
+                self._progress(f"Cassandra node {node.address} up in {seconds:.1f} s")
+        return self
+
+    def stop(self) -> None:
+        """Stop every node cleanly, all at once (each drains on its own)."""
+        running = [node for node in self.nodes if node.running]
+        for node in running:
+            node.request_stop()
+        for node in running:
+            node.stop()
+        if running:
+            self._progress(f"Cassandra nodes {', '.join(node.address for node in running)} stopped")
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    def nodetool(self, *arguments: str) -> dict[str, str]:
+        """``nodetool <arguments>`` on every running node; outputs by address."""
+        return {node.address: node.nodetool(*arguments) for node in self.nodes if node.running}
+
+    @contextlib.contextmanager
+    def driver(self, **options: Any) -> Iterator[Any]:
+        """A cassandra-driver ``Cluster`` connected to these nodes (protocol v5, local datacenter set)."""
+        from cassandra import ProtocolVersion
+        from cassandra.cluster import Cluster, ExecutionProfile, EXEC_PROFILE_DEFAULT
+        from cassandra.policies import DCAwareRoundRobinPolicy
+
+        profile = ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy("datacenter1"))
+        cluster = Cluster(self.contact_points, port=self.native_port, protocol_version=ProtocolVersion.V5,
+                          execution_profiles={EXEC_PROFILE_DEFAULT: profile}, **options)
+        try:
+            yield cluster
+        finally:
+            cluster.shutdown()
+
+    def __enter__(self) -> "CassandraCluster":
+        try:
+            return self.start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

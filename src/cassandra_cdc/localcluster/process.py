@@ -1,0 +1,116 @@
+"""One JVM program run in the background: started, awaited on a TCP port, stopped, killed.
+
+The JVM's stdout and stderr go to ``<log_directory>/stdout.log``; errors carry the tail of that file and
+of the program's own log. On Linux the JVM gets SIGKILL when the thread that started it dies, so a test
+run that is itself killed leaves no JVM behind (start it from a thread that outlives it, e.g. the main one).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+_PR_SET_PDEATHSIG = 1
+# Looked up before any fork: the child, between fork and exec, only calls it.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+class JvmError(RuntimeError):
+    """A JVM program failed to start, to answer, or to stop."""
+
+
+def _die_with_parent() -> None:
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    if not path.is_file():
+        return f"({path} does not exist)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class JvmProcess:
+    """``java <command>`` in the background, its output in ``log_directory``.
+
+    ``name`` names it in errors; ``main_log`` is the program's own log file, quoted when it fails.
+    """
+
+    def __init__(self, name: str, command: Sequence[str], log_directory: Path, main_log: Path) -> None:
+        self.name = name
+        self.command = list(command)
+        self.log_directory = log_directory
+        self.main_log = main_log
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def stdout_log(self) -> Path:
+        return self.log_directory / "stdout.log"
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def start(self) -> None:
+        if self.running:
+            raise JvmError(f"{self.name} is already running (pid {self.pid})")
+        self.log_directory.mkdir(parents=True, exist_ok=True)
+        with open(self.stdout_log, "ab") as output:
+            self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=output,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             preexec_fn=_die_with_parent if _prctl else None)
+
+    def wait_for_port(self, host: str, port: int, timeout: float) -> None:
+        """Until ``host:port`` accepts connections; raises with the logs' tails if the JVM exits first or
+        ``timeout`` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while not port_open(host, port):
+            if not self.running:
+                code = self._process.returncode if self._process else None
+                raise self.failure(f"exited with status {code} before listening on {host}:{port}")
+            if time.monotonic() > deadline:
+                raise self.failure(f"not listening on {host}:{port} after {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def failure(self, what: str) -> JvmError:
+        return JvmError(f"{self.name} {what}\n--- {self.main_log} ---\n{tail(self.main_log)}\n"
+                        f"--- {self.stdout_log} ---\n{tail(self.stdout_log)}")
+
+    def terminate(self) -> None:
+        """SIGTERM: the program's own clean shutdown begins."""
+        if self._process is not None and self.running:
+            self._process.terminate()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM, then SIGKILL if it is still running after ``timeout``."""
+        if not self.running:
+            return
+        assert self._process is not None
+        self._process.terminate()
+        try:
+            self._process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: what a crash or a power cut leaves behind."""
+        if self._process is not None and self.running:
+            self._process.kill()
+            self._process.wait()
