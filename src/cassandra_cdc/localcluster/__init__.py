@@ -7,6 +7,8 @@ one KRaft-mode Kafka broker.
 
 from .artifacts import MissingArtifacts, missing_reason
 from .cassandra import CassandraCluster, CassandraNode
+from .kafka import KafkaBroker
 from .process import JvmError
 
-__all__ = ["CassandraCluster", "CassandraNode", "JvmError", "MissingArtifacts", "missing_reason"]
+__all__ = ["CassandraCluster", "CassandraNode", "JvmError", "KafkaBroker", "MissingArtifacts",
+           "missing_reason"]
