@@ -316,8 +316,10 @@ class FakeSession:
 def test_fetch_schema_queries_system_schema() -> None:
     session = FakeSession()
     schema = fetch_schema(session)
-    assert session.queries == [f"SELECT * FROM system_schema.{t}" for t in
-                               ("keyspaces", "tables", "columns", "dropped_columns", "types", "views")]
+    dropped = ("SELECT keyspace_name, table_name, column_name, kind, type, "
+               "blobAsBigint(timestampAsBlob(dropped_time)) AS dropped_time FROM system_schema.dropped_columns")
+    assert session.queries == [*(f"SELECT * FROM system_schema.{t}" for t in ("keyspaces", "tables", "columns")),
+                               dropped, "SELECT * FROM system_schema.types", "SELECT * FROM system_schema.views"]
     expected = build()
     assert {(t.keyspace, t.name): t for t in schema} == {(t.keyspace, t.name): t for t in expected}
 

@@ -40,10 +40,16 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 _TABLES = ("keyspaces", "tables", "columns", "dropped_columns", "types", "views")
 
+# dropped_time as milliseconds: Cassandra 4.0+ records system.local's dropped thrift_version column at
+# Long.MAX_VALUE microseconds, a timestamp the driver cannot turn into a datetime (it fails the whole query).
+_SELECTS = {"dropped_columns": "keyspace_name, table_name, column_name, kind, type, "
+                               "blobAsBigint(timestampAsBlob(dropped_time)) AS dropped_time"}
+
 
 def fetch_schema(session: Any) -> Schema:
     """Query ``system_schema`` with a cassandra-driver ``Session`` and build the schema of every keyspace."""
-    rows = {name: [_as_dict(row) for row in session.execute(f"SELECT * FROM system_schema.{name}")]
+    rows = {name: [_as_dict(row) for row in
+                   session.execute(f"SELECT {_SELECTS.get(name, '*')} FROM system_schema.{name}")]
             for name in _TABLES}
     return schema_from_system_schema_rows(**rows)
 
