@@ -243,13 +243,40 @@ class CassandraCluster:
         return [node.address for node in self.nodes]
 
     def start(self) -> "CassandraCluster":
-        """Start the nodes that are not running, one after another (the first is the seed)."""
+        """Start the nodes that are not running, one after another (the first is the seed), then wait
+        until every node sees every node NORMAL with one schema version."""
+        started = time.monotonic()
         for node in self.nodes:
             if not node.running:
                 self._progress(f"starting Cassandra node {node.address} ({node.index + 1}/{len(self.nodes)})")
                 seconds = node.start(self.startup_timeout)
                 self._progress(f"Cassandra node {node.address} up in {seconds:.1f} s")
+        self.wait_until_joined(started + self.startup_timeout)
+        seconds = time.monotonic() - started
+        self._progress(f"Cassandra cluster of {len(self.nodes)} nodes ready in {seconds:.1f} s")
         return self
+
+    def wait_until_joined(self, deadline: float) -> None:
+        """Until each running node's gossip (``system_views.gossip_info``) shows all running nodes NORMAL
+        with the same schema: a node answering CQL may not yet know its peers, and a keyspace created
+        then gets fewer replicas than asked for."""
+        running = [node for node in self.nodes if node.running]
+        expected = {node.address for node in running}
+        for node in running:
+            with self.driver(only=node) as driver:
+                session = driver.connect()
+                while True:
+                    rows = list(session.execute('SELECT address, status_with_port, "schema" '
+                                                "FROM system_views.gossip_info"))
+                    normal = {row.address for row in rows
+                              if (row.status_with_port or "").startswith("NORMAL")}
+                    schemas = {row.schema for row in rows if row.address in expected}
+                    if expected <= normal and len(schemas) == 1:
+                        break
+                    if time.monotonic() > deadline:
+                        raise JvmError(f"Cassandra node {node.address} sees {sorted(normal)} NORMAL, "
+                                       f"not all of {sorted(expected)}: see {node.system_log}")
+                    time.sleep(0.2)
 
     def stop(self) -> None:
         """Stop every node cleanly, all at once (each drains on its own)."""
@@ -270,14 +297,19 @@ class CassandraCluster:
         return {node.address: node.nodetool(*arguments) for node in self.nodes if node.running}
 
     @contextlib.contextmanager
-    def driver(self, **options: Any) -> Iterator[Any]:
-        """A cassandra-driver ``Cluster`` connected to these nodes (protocol v5, local datacenter set)."""
+    def driver(self, only: CassandraNode | None = None, **options: Any) -> Iterator[Any]:
+        """A cassandra-driver ``Cluster`` for these nodes (protocol v5, local datacenter set), or talking
+        to node ``only`` alone; ``options`` go to ``Cluster``."""
         from cassandra import ProtocolVersion
         from cassandra.cluster import Cluster, ExecutionProfile, EXEC_PROFILE_DEFAULT
-        from cassandra.policies import DCAwareRoundRobinPolicy
+        from cassandra.policies import DCAwareRoundRobinPolicy, WhiteListRoundRobinPolicy
 
-        profile = ExecutionProfile(load_balancing_policy=DCAwareRoundRobinPolicy("datacenter1"))
-        cluster = Cluster(self.contact_points, port=self.native_port, protocol_version=ProtocolVersion.V5,
+        if only is None:
+            contact_points, policy = self.contact_points, DCAwareRoundRobinPolicy("datacenter1")
+        else:
+            contact_points, policy = [only.address], WhiteListRoundRobinPolicy([only.address])
+        profile = ExecutionProfile(load_balancing_policy=policy)
+        cluster = Cluster(contact_points, port=self.native_port, protocol_version=ProtocolVersion.V5,
                           execution_profiles={EXEC_PROFILE_DEFAULT: profile}, **options)
         try:
             yield cluster
