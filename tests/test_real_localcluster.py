@@ -1,0 +1,68 @@
+"""The pieces of :mod:`cassandra_cdc.localcluster` around the real JVMs: finding the fetched classpaths and
+Java, what reaches Spark's classpath, and how a node that cannot start is reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cassandra_cdc.localcluster import CassandraCluster, JvmError, MissingArtifacts, artifacts
+from conftest import require_jvm_artifacts
+
+
+@pytest.mark.parametrize("jar,name", [
+    ("kafka-clients-3.9.2.jar", "kafka-clients"),
+    ("spark-sql-kafka-0-10_2.13-4.2.0.jar", "spark-sql-kafka-0-10_2.13"),
+    ("scala-library-2.13.18.jar", "scala-library"),
+    ("netty-all-4.1.130.Final.jar", "netty-all"),
+    ("netty-tcnative-boringssl-static-2.0.70.Final-linux-x86_64.jar", "netty-tcnative-boringssl-static"),
+    ("zstd-jni-1.5.7-6.jar", "zstd-jni"),
+    ("jffi-1.3.11-native.jar", "jffi"),
+    ("javax.inject-1.jar", "javax.inject"),
+    ("posix-2.24ea4.jar", "posix"),
+])
+def test_artifact_names_drop_the_version_and_classifier(jar: str, name: str) -> None:
+    assert artifacts.artifact_name(Path(jar)) == name
+
+
+def test_missing_classpath_says_to_run_make_install(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CASSANDRA_CDC_JVM_LIB", str(tmp_path))
+    with pytest.raises(MissingArtifacts, match=f"{tmp_path}/kafka: no kafka_2.13-.*run `make install`"):
+        artifacts.jars(artifacts.KAFKA)
+    assert "make install" in (artifacts.missing_reason() or "")
+
+
+def test_missing_java_is_named(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path))
+    artifacts.java_executable.cache_clear()
+    try:
+        expected = f"no Java found \\(JAVA_HOME={tmp_path}\\); install Java 17"
+        with pytest.raises(MissingArtifacts, match=expected):
+            artifacts.java_executable()
+    finally:
+        artifacts.java_executable.cache_clear()
+
+
+def test_spark_gets_the_kafka_connector_without_the_libraries_it_ships() -> None:
+    require_jvm_artifacts()
+    import pyspark
+
+    spark_jars = Path(pyspark.__file__).parent / "jars"
+    names = {artifacts.artifact_name(jar) for jar in artifacts.spark_kafka_jars(spark_jars)}
+    shipped = {artifacts.artifact_name(jar) for jar in spark_jars.glob("*.jar")}
+    assert {"spark-sql-kafka-0-10_2.13", "spark-token-provider-kafka-0-10_2.13", "kafka-clients"} <= names
+    assert not names & shipped
+    fetched = {artifacts.artifact_name(jar) for jar in artifacts.jars(artifacts.SPARK_KAFKA)}
+    assert {"scala-library", "slf4j-api"} <= fetched - names  # fetched as dependencies, left to Spark's own
+
+
+def test_a_node_that_cannot_start_raises_with_the_tail_of_its_log(tmp_path) -> None:
+    require_jvm_artifacts()
+    cluster = CassandraCluster(tmp_path, nodes=1, config={"commitlog_segment_size": "lots"})
+    with pytest.raises(JvmError) as failure:
+        cluster.start()
+    message = str(failure.value)
+    assert message.startswith("Cassandra node 127.0.0.1 exited with status")
+    assert "Invalid data storage: lots" in message and str(cluster.nodes[0].system_log) in message
+    assert not cluster.nodes[0].running
