@@ -4,6 +4,8 @@ what it acknowledged across a clean restart and a kill -9."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -83,3 +85,35 @@ def test_acknowledged_messages_survive_a_restart_and_a_kill(real_kafka):
     values = [value for _, value in read_partition(real_kafka.bootstrap_servers, topic, "read_committed")]
     assert values == ([b"before-restart-%d" % i for i in range(100)]
                       + [b"before-kill-%d" % i for i in range(100)])
+
+
+# Run in its own process: the suite's Spark session was started without the connector on its classpath.
+SPARK_COPY = """
+import sys
+from pathlib import Path
+import pyspark
+from cassandra_cdc.localcluster import artifacts
+from cassandra_cdc.pipeline.spark import spark_session
+
+servers, source, sink = sys.argv[1:]
+jars = artifacts.spark_kafka_jars(Path(pyspark.__file__).parent / "jars")
+spark = spark_session(app_name="kafka-connector", extra_conf={"spark.jars": ",".join(map(str, jars))})
+kafka = {"kafka.bootstrap.servers": servers}
+records = spark.read.format("kafka").options(**kafka).option("subscribe", source).load()
+records.selectExpr("key", "upper(cast(value as string)) as value").write.format("kafka") \\
+    .options(**kafka).option("topic", sink).save()
+spark.stop()
+"""
+
+
+def test_spark_reads_and_writes_the_real_broker_with_the_fetched_connector(real_kafka):
+    """Spark's built-in ``kafka`` format, from the connector `make install` fetched, in both directions."""
+    source, sink = "real-spark-source", "real-spark-sink"
+    real_kafka.create_topic(source, 1)
+    real_kafka.create_topic(sink, 1)
+    produce_acknowledged(real_kafka.bootstrap_servers, source, [b"value-%d" % i for i in range(20)])
+    result = subprocess.run([sys.executable, "-c", SPARK_COPY, real_kafka.bootstrap_servers, source, sink],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    values = [value for _, value in read_partition(real_kafka.bootstrap_servers, sink, "read_committed")]
+    assert sorted(values) == sorted(b"VALUE-%d" % i for i in range(20))
