@@ -10,8 +10,8 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml
-	$(BIN)/pip install --quiet -e '.[test]'
+$(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
 # Real Apache Cassandra, Apache Kafka and Spark's Kafka connector for the real-cluster tests: each pinned

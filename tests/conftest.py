@@ -9,7 +9,7 @@ import pytest
 
 from typing import Any, Iterator
 
-from cassandra_cdc.commitlog import KeyStore
+from cassandra_cdc.commitlog import Entry, KeyStore, SegmentReader
 from cassandra_cdc.schema import Schema, load_schema_files
 
 REPO = Path(__file__).resolve().parent.parent
@@ -135,3 +135,21 @@ def real_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with CassandraCluster(tmp_path_factory.mktemp("real-cassandra"), nodes=3) as running:
         yield running
+
+
+def read_in_steps(path: str | Path, keystore: KeyStore | None, limits: list[int]) -> list[Entry]:
+    """Read a segment as the agent reads one being written: up to each limit in turn (the durable offset of
+    its ``_cdc.idx``), each read resuming where the one before stopped, then to the end."""
+    entries: list[Entry] = []
+    start, resume = 0, None
+    for limit in [*limits, None]:
+        with SegmentReader(path, keystore, start=start, limit=limit, resume=resume) as reader:
+            entries += reader.entries()
+            assert reader.damage == []
+            start, resume = reader.position, reader.resume_point
+    assert reader.finished
+    return entries
+
+
+def entry_fields(entries: list[Entry]) -> list[tuple]:
+    return [(e.start, e.position, e.body, e.section_offset, e.section) for e in entries]

@@ -4,7 +4,7 @@ Everything generated is something Cassandra itself could write: types obey CQL's
 top level of a regular or static column may be non-frozen; no ``duration`` in keys, set elements or map
 keys; counters only in counter tables), partition updates list their header columns in Cassandra's
 column order, and timestamps, TTLs and local deletion times stay within what each commit log version
-can hold. See ``docs/commitlog-format.md`` (§6-§8) for the byte format these feed.
+can hold. See ``docs/storage-format.md`` (§9-§14) for the byte format these feed.
 """
 
 from __future__ import annotations
@@ -179,9 +179,9 @@ def value_bytes(cql_type: CqlType) -> st.SearchStrategy[bytes]:
 
 @st.composite
 def counter_contexts(draw: st.DrawFn) -> bytes:
-    """A counter cell's value (CounterContext, §8.3): ``int16`` header count, that many ``int16`` shard
-    indexes (global shards as ``index + Short.MIN_VALUE``), then shards of 16-byte counter id, int64 clock,
-    int64 count."""
+    """A counter cell's value (CounterContext, docs/storage-format.md §14.1): ``int16`` header count,
+    that many ``int16`` shard indexes (global shards as ``index + Short.MIN_VALUE``), then shards of
+    16-byte counter id, int64 clock, int64 count."""
     shard_count = draw(st.integers(1, 3))
     indexed = draw(st.lists(st.integers(0, shard_count - 1), unique=True).map(sorted))
     header = [index + (-(1 << 15) if draw(st.booleans()) else 0) for index in indexed]
@@ -363,7 +363,8 @@ def cells(draw: st.DrawFn, column: ColumnMetadata, liveness: LivenessInfo | None
 @_bounded_cache
 def _cell_paths_and_values(cql_type: CqlType) \
         -> st.SearchStrategy[tuple[bytes, st.SearchStrategy[bytes]]]:
-    """(cell path, strategy for the cell's value) of one element of a multi-cell column (§8.3)."""
+    """(cell path, strategy for the cell's value) of one element of a multi-cell column
+    (docs/storage-format.md §11.3)."""
     kind, parameters = cql_type.kind, cql_type.parameters
     if kind == "list":
         return st.tuples(st.uuids(version=1).map(lambda u: u.bytes), st.just(values_or_empty(parameters[0])))

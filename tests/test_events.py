@@ -95,6 +95,19 @@ def test_avro_container_is_self_describing() -> None:
     assert key == {"id": ROW["id"], "seq": 7}
 
 
+def test_float_values_show_the_digits_cassandra_shows() -> None:
+    """A float is 32 bits: 7.62 decodes to 7.619999885559082 as a double. JSON events show it as SELECT JSON
+    does (Java's Float.toString: 7.62); Avro carries the same 32 bits."""
+    float_type = TABLE.column(b"ratio").type
+    decoded = float_type.deserialize(struct.pack(">f", 7.62))
+    row = dict(ROW, ratio=decoded, embedding=[decoded, float_type.deserialize(struct.pack(">f", 0.1)), 2.5])
+    text = EventEncoder("prod", TABLE, "json").value(None, row, "c", SOURCE, 1).decode()
+    assert '"ratio":7.62,' in text and '"embedding":[7.62,0.1,2.5]' in text
+    avro = EventEncoder("prod", TABLE, "avro").value(None, row, "c", SOURCE, 1)
+    record = next(fastavro.reader(io.BytesIO(avro)))
+    assert struct.pack(">f", record["after"]["ratio"]) == struct.pack(">f", 7.62)
+
+
 class FakeRegistry:
     """Stands in for the schema registry's HTTP API: hands out ids per subject."""
 

@@ -8,12 +8,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cassandra_cdc.commitlog import (CommitLogError, DamageKind, DescriptorError, MutationSerializer,
                                      SegmentReader, SegmentWriter)
 from cassandra_cdc.commitlog.replay import ReplayStats, replay
-from conftest import (COMMITLOGS, REAL_DIRECTORIES, full_schema, keystore_for, read_hash_txt, real_segments,
-                      upgrade_table_schema)
+from conftest import (COMMITLOGS, REAL_DIRECTORIES, entry_fields, full_schema, keystore_for, read_hash_txt,
+                      read_in_steps, real_segments, upgrade_table_schema)
 
 
 def upgrade_test_hash(value: int, data: bytes) -> int:
@@ -70,6 +72,43 @@ def test_every_entry_decodes_and_reencodes_to_the_same_bytes(directory: str) -> 
     assert stats.entries == stats.mutations == ENTRY_COUNTS[directory]
     assert not stats.skipped_unknown_tables and stats.undecodable == 0
     assert "Keyspace1.Standard1" in kinds and any(k.startswith("system_schema.") for k in kinds)
+
+
+INTACT_DIRECTORIES = [*REAL_DIRECTORIES, "2.2", "2.2-lz4", "2.2-snappy"]
+
+
+def whole_read(directory: str) -> list[tuple[Path, list[tuple], list[int]]]:
+    """Every segment of a directory: its entries read in one go, and the logical ends of its sections."""
+    keystore = keystore_for(directory) if directory in REAL_DIRECTORIES else None
+    segments = []
+    for path in real_segments(directory):
+        with SegmentReader(path, keystore) as reader:
+            ends = [section.logical_end for section in reader.sections()]
+        with SegmentReader(path, keystore) as reader:
+            segments.append((path, entry_fields(list(reader.entries())), ends))
+    return segments
+
+
+@pytest.mark.parametrize("directory", INTACT_DIRECTORIES)
+def test_real_segments_read_in_steps_give_what_one_read_gives(directory: str) -> None:
+    """Reads stopping just before, at and just after the end of every sync section (plain, LZ4, Snappy,
+    encrypted), each resuming after the one before: the entries of one read."""
+    keystore = keystore_for(directory) if directory in REAL_DIRECTORIES else None
+    segments = whole_read(directory)
+    assert any(expected for _, expected, _ in segments)
+    for path, expected, ends in segments:
+        limits = sorted({limit for end in ends for limit in (end - 1, end, end + 1)})
+        assert entry_fields(read_in_steps(path, keystore, limits)) == expected
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(directory=st.sampled_from(INTACT_DIRECTORIES), data=st.data())
+def test_real_segments_read_in_steps_anywhere_give_what_one_read_gives(directory: str,
+                                                                        data: st.DataObject) -> None:
+    keystore = keystore_for(directory) if directory in REAL_DIRECTORIES else None
+    for path, expected, ends in whole_read(directory):
+        limits = data.draw(st.lists(st.integers(0, ends[-1] if ends else 0), max_size=30), "limits")
+        assert entry_fields(read_in_steps(path, keystore, sorted(limits))) == expected
 
 
 def test_system_mutations_carry_what_the_format_doc_describes() -> None:

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from cassandra_cdc.commitlog import (DamageKind, Entry, KeyStore, Mutation, MutationSerializer, SegmentFull,
                                      SegmentReader, SegmentWriter)
 from cassandra_cdc.schema.model import ColumnMetadata, Schema, TableMetadata
+from conftest import entry_fields, read_in_steps
 from strategies import FEW_COLUMNS, identifiers, mutations, related_tables, schema_of
 
 VERSIONS = (6, 7, 8)
@@ -286,6 +287,26 @@ def test_tailing_resumes_after_the_indexed_position(workload: Workload, setup: W
         after, reader = read_entries(segment, setup, start=resume_at)
         assert reader.damage == [] and reader.finished
     assert pairs(before) + pairs(after) == segment.entries
+
+
+@SETTINGS
+@given(workload=workloads(), setup=writer_setups(EVERY_LAYOUT), data=st.data())
+def test_a_segment_read_in_steps_gives_what_one_read_gives(workload: Workload, setup: WriterSetup,
+                                                           data: st.DataObject) -> None:
+    """Wherever reads of a segment stop (every logical position, in a marker, a section or an entry, of every
+    layout: plain, each compressor, encrypted), the entries are those of one read of the whole segment."""
+    with tempfile.TemporaryDirectory() as directory:
+        segments = write_segments(Path(directory), workload, setup, roomy_segment_size(workload),
+                                  data.draw(segment_ids))
+        (segment,) = segments
+        path = segment.writer.path
+        whole, _ = read_entries(segment, setup)
+        assert pairs(whole) == segment.entries
+        expected = entry_fields(whole)
+        for limit in range(segment.closed_at + 1):
+            assert entry_fields(read_in_steps(path, setup.keystore, [limit])) == expected, f"limit {limit}"
+        limits = sorted(data.draw(st.lists(st.integers(0, segment.closed_at), max_size=20), "limits"))
+        assert entry_fields(read_in_steps(path, setup.keystore, limits)) == expected
 
 
 @SETTINGS

@@ -678,6 +678,12 @@ TYPE_CASES = [
     ("double", 2.5, 2.5, 8, False),
     ("duration", util.Duration(14, 2, 3_000_004_000), "1y2mo2d3s4us", None, False),
     ("float", -0.5, -0.5, 4, False),
+    # a float decodes to the double nearest its 32 bits (7.619999885559082): shown with Java's Float.toString
+    # digits, as SELECT JSON shows it
+    ("float", 7.62, 7.62, 4, False),
+    ("float", 3.4028235e38, 3.4028235e38, 4, False),
+    ("list<float>", [0.1, 123456.79], [0.1, 123456.79], None, True),
+    ("map<float, text>", {0.3: "x"}, {"0.3": "x"}, None, True),
     ("inet", "2001:db8::1", "2001:db8::1", None, False),
     ("inet", "10.0.0.1", "10.0.0.1", None, False),
     ("int", -7, -7, 4, False),
@@ -701,6 +707,7 @@ TYPE_CASES = [
     ("address", ("Main St", 12345), {"street": "Main St", "zip": 12345}, None, True),
     ("list<frozen<address>>", [("a", 1)], [{"street": "a", "zip": 1}], None, True),
     ("vector<float, 3>", [1.0, -2.0, 0.25], [1.0, -2.0, 0.25], 12, False),
+    ("vector<float, 2>", [7.62, -0.01], [7.62, -0.01], 8, False),
     ("vector<bigint, 2>", [1, 2], [1, 2], 16, False),
     ("vector<text, 2>", ["a", "bc"], ["a", "bc"], None, False),
 ]

@@ -10,23 +10,33 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import uuid
 import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cassandra_cdc.cli.main import app
+from cassandra_cdc.commitlog.cells import Cell, ComplexColumn, LivenessInfo
 from cassandra_cdc.commitlog.counters import counter_value
+from cassandra_cdc.commitlog.header import EncodingStats, SerializationHeader
+from cassandra_cdc.commitlog.io import DataOutput
 from cassandra_cdc.commitlog.partition import PartitionUpdate
 from cassandra_cdc.commitlog.rows import BoundKind, RangeTombstoneMarker, Row
 from cassandra_cdc.schema import ColumnKind, Schema, TableMetadata, parse_schema
 from cassandra_cdc.schema.types import (CqlTypeError, is_reversed_class_name, type_from_class_name,
                                         types_from_composite_class_name)
-from cassandra_cdc.sstable import (ChecksumError, Descriptor, SSTable, SSTableError, SSTableReadStats,
-                                   UnsupportedSSTableError, find_sstables)
-from cassandra_cdc.sstable.compression import CompressedChunks, checksum_blocks, compress_data
+from cassandra_cdc.sstable import (ChecksumError, Descriptor, HeaderComponent, SSTable, SSTableError,
+                                   SSTableReadStats, UnsupportedSSTableError, Version, find_sstables)
+from cassandra_cdc.sstable.metadata import serialize_metadata
+from cassandra_cdc.sstable.partition import DataHeader, SSTablePartitionSerializer
+from cassandra_cdc.sstable.stream import StreamInput
+from cassandra_cdc.sstable.compression import READ_BLOCK, CompressedChunks, checksum_blocks, compress_data
 from conftest import SSTABLES
+from strategies import FEW_COLUMNS, partition_keys, partition_updates, tables
 
 VERSIONS = ["ma", "mb", "mc", "md", "me", "na", "nb", "nc", "oa", "da"]
 BASE_TABLES = ["simple", "simple_counter", "clust", "clust_counter"]
@@ -291,6 +301,71 @@ def test_chunks_stored_uncompressed_when_compression_does_not_pay(tmp_path: Path
     assert [_plain(u) for u in copy.partitions()] == [_plain(u) for u in source.partitions()]
 
 
+# --- buffer boundaries: what is read does not depend on where chunks and read blocks end ------------------
+
+CODECS = ["LZ4Compressor", "SnappyCompressor", "DeflateCompressor", "ZstdCompressor"]
+# Small SSTables (every one of their fields can straddle a boundary): each partition header form (ma-nc,
+# oa/da), counters, compact storage, range tombstone markers.
+SMALL = ["mc/legacy_mc_simple", "mc/legacy_mc_simple_counter_compact", "mc/legacy_mc_inaccurate_min_max",
+         "na/legacy_na_simple_counter", "oa/legacy_oa_simple", "da/legacy_da_simple_counter"]
+
+
+def contents(sstable: SSTable, table: TableMetadata | None = None) -> list[tuple]:
+    """Everything read: offsets, keys, partition deletions, static rows, rows and markers."""
+    return [(offset, u.key, u.partition_deletion, u.static_row, u.unfiltereds)
+            for offset, u in sstable.partitions_with_offsets(table)]
+
+
+def legacy(name: str) -> SSTable:
+    version, table = name.split("/")
+    return SSTable(SSTABLES / version / "legacy_tables" / table)
+
+
+@pytest.mark.parametrize("compressor", [None, *CODECS])
+@pytest.mark.parametrize("name", SMALL)
+def test_small_sstables_read_the_same_through_chunks_of_every_size(tmp_path: Path, name: str,
+                                                                  compressor: str | None) -> None:
+    """Every chunk length (compressed) or read block size (uncompressed, CRC.db's block) from 1 byte to the
+    whole file: the same partitions as read in one buffer."""
+    source = legacy(name)
+    data = uncompressed_data(source)
+    directory = tmp_path / "legacy_tables" / source.descriptor.table
+    expected = contents(rewrite(source, directory, compressor, len(data), data=data))
+    assert expected and len(expected) == len(contents(source))
+    for size in range(1, len(data)):
+        assert contents(rewrite(source, directory, compressor, size, data=data)) == expected, f"chunks of {size}"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=st.sampled_from(["mc/legacy_mc_clust_counter", "oa/legacy_oa_clust"]),
+       compressor=st.sampled_from([None, *CODECS]), size=st.integers(1, 9000))
+def test_sstables_read_the_same_through_chunks_of_any_size(tmp_path: Path, name: str, compressor: str | None,
+                                                           size: int) -> None:
+    source = legacy(name)
+    data = uncompressed_data(source)
+    directory = tmp_path / (compressor or "uncompressed") / "legacy_tables" / source.descriptor.table
+    expected = contents(rewrite(source, directory, compressor, len(data), data=data))
+    assert contents(rewrite(source, directory, compressor, size, data=data)) == expected
+
+
+def test_a_table_larger_than_one_read_block_reads_every_partition(tmp_path: Path) -> None:
+    """An uncompressed mc SSTable of 65,536 one-row partitions: partition headers straddle the 64 KiB read
+    blocks, and each reads as written (no partition deletions, every row)."""
+    source = legacy("mc/legacy_mc_simple")
+    data = uncompressed_data(source)
+    first, second = list(source.partition_offsets())[:2]
+    key_length = int.from_bytes(data[first:first + 2], "big")
+    after_key = data[first + 2 + key_length:second]  # partition deletion, row, end of partition
+    keys = [str(i).encode() for i in range(65536)]
+    many = b"".join(len(key).to_bytes(2, "big") + key + after_key for key in keys)
+    copy = rewrite(source, tmp_path / "legacy_tables" / "legacy_mc_simple", None, READ_BLOCK, data=many)
+    updates = list(copy.partitions())
+    assert [u.key for u in updates] == keys
+    assert not [u.key for u in updates if u.partition_deletion is not None or u.markers]
+    assert {tuple(c.value for c in row.cells) for u in updates for row in u.rows} == {(b"foo bar baz",)}
+    assert sum(len(u.rows) for u in updates) == len(keys)
+
+
 def test_a_damaged_chunk_is_a_checksum_error_naming_file_chunk_and_offset(tmp_path: Path) -> None:
     source = SSTable(SSTABLES / "nb" / "legacy_tables" / "legacy_nb_clust")
     copy = copy_sstable(source, tmp_path / "legacy_tables" / "legacy_nb_clust")
@@ -349,6 +424,116 @@ def test_undecodable_rows_name_the_partition_and_offset(tmp_path: Path) -> None:
     assert (caught.value.path, caught.value.offset) == (str(copy.data_path), 0)
     assert "cannot decode the partition starting at offset 0" in str(caught.value)
     assert "its recorded size ends it at" in str(caught.value)
+
+
+# --- writing Data.db and Statistics.db; the order of the header's columns ----------------------------------
+
+@pytest.mark.parametrize("name", ["mc/legacy_mc_clust", "mc/legacy_mc_inaccurate_min_max",
+                                  "mc/legacy_mc_simple_compact", "na/legacy_na_simple_counter_compact",
+                                  "nb/legacy_nb_clust_counter", "oa/legacy_oa_clust_counter",
+                                  "da/legacy_da_clust"])
+def test_partitions_serialize_to_the_bytes_cassandra_wrote(name: str) -> None:
+    source = legacy(name)
+    data = source.data_header()
+    out = DataOutput()
+    for update in source.partitions():
+        SSTablePartitionSerializer.serialize(update, out, data)
+    assert bytes(out) == uncompressed_data(source)
+
+
+def read_partitions(chunks: list[bytes], data: DataHeader) -> list[tuple]:
+    inp = StreamInput(chunks)
+    partitions = []
+    while not inp.at_end():
+        update = SSTablePartitionSerializer.deserialize(inp, data)
+        partitions.append((update.key, update.partition_deletion, update.static_row, update.unfiltereds))
+    return partitions
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(table=tables(regular_counts=FEW_COLUMNS), version_name=st.sampled_from(["nb", "oa"]), data=st.data())
+def test_written_partitions_read_back_through_chunks_of_every_size(table: TableMetadata, version_name: str,
+                                                                  data: st.DataObject) -> None:
+    """Random partitions (deletions, static rows, rows with every kind of cell, range tombstone markers)
+    written as Data.db: read back whole, and through chunks of 1 to 48 bytes and of uneven sizes, they are
+    what was written."""
+    version = Version(version_name, "big")
+    commitlog_version = version.header_version
+    keys = data.draw(st.lists(partition_keys(table), min_size=1, max_size=4), "keys")
+    written = [data.draw(partition_updates(table, key, commitlog_version), "update") for key in keys]
+    if version.has_uint_deletion_time:  # 5.0 formats cannot hold a partition deletion at a negative timestamp
+        assume(all(u.partition_deletion is None or u.partition_deletion.marked_for_delete_at >= 0
+                   for u in written))
+    stats = [update.stats() for update in written]
+    header = SerializationHeader(table, commitlog_version,
+                                 EncodingStats(min(s.min_timestamp for s in stats),
+                                               min(s.min_local_deletion_time for s in stats),
+                                               min(s.min_ttl for s in stats)),
+                                 tuple(c for c in table.regular_and_static if not c.is_static),
+                                 tuple(c for c in table.regular_and_static if c.is_static))
+    data_header = DataHeader(table, version, header)
+    out = DataOutput()
+    for update in written:
+        SSTablePartitionSerializer.serialize(update, out, data_header)
+    encoded = bytes(out)
+    expected = read_partitions([encoded], data_header)
+    assert expected == [(u.key, u.partition_deletion, u.static_row, u.unfiltereds) for u in written]
+    for size in range(1, 49):
+        chunks = [encoded[i:i + size] for i in range(0, len(encoded), size)]
+        assert read_partitions(chunks, data_header) == expected, f"chunks of {size} bytes"
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, len(encoded) - 1), max_size=40), "cuts")))
+    uneven = [encoded[start:stop] for start, stop in zip([0, *cuts], [*cuts, len(encoded)])]
+    assert read_partitions(uneven, data_header) == expected
+
+
+MARSHAL = "org.apache.cassandra.db.marshal."
+INT, TEXT = MARSHAL + "Int32Type", MARSHAL + "UTF8Type"
+
+
+def test_rows_decode_in_cassandras_column_order_whatever_order_statistics_lists_them(tmp_path: Path) -> None:
+    """Cassandra encodes rows in the order of its ``Columns`` (simple columns before complex ones, then by
+    name), which need not be the order Statistics.db lists them in."""
+    table = parse_schema("CREATE TABLE ks.mixed (pk int, ck int, s_tags set<text> static, "
+                         "s_note text static, tags list<int>, b int, a text, PRIMARY KEY (pk, ck));"
+                         ).table("ks", "mixed")
+    assert [c.name for c in table.regular_and_static] == ["a", "b", "tags", "s_note", "s_tags"]
+    column = {c.name: c for c in table.regular_and_static}
+    version = Version("mc", "big")
+    timestamp = 1_700_000_000_000_000
+
+    def cell(name: str, value: bytes, path: bytes | None = None) -> Cell:
+        return Cell(column[name], timestamp, value, path=path)
+
+    update = PartitionUpdate(table, (1).to_bytes(4, "big"))
+    static_tags = ComplexColumn(column["s_tags"], [cell("s_tags", b"", b"x")])
+    update.static_row = Row((), [cell("s_note", b"note"), static_tags], LivenessInfo(timestamp),
+                            is_static=True)
+    tags = ComplexColumn(column["tags"], [cell("tags", (5).to_bytes(4, "big"), uuid.uuid1().bytes)])
+    update.unfiltereds.append(Row(((2).to_bytes(4, "big"),),
+                                  [cell("a", b"alpha"), cell("b", (7).to_bytes(4, "big")), tags],
+                                  LivenessInfo(timestamp)))
+    canonical = SerializationHeader(table, version.header_version, update.stats(),
+                                    tuple(c for c in table.regular_and_static if not c.is_static),
+                                    tuple(c for c in table.regular_and_static if c.is_static))
+    out = DataOutput()
+    SSTablePartitionSerializer.serialize(update, out, DataHeader(table, version, canonical))
+    # Statistics.db lists complex columns first and the simple ones out of name order
+    stored = HeaderComponent(canonical.stats, INT, (INT,),
+                             {b"s_tags": f"{MARSHAL}SetType({TEXT})", b"s_note": TEXT},
+                             {b"tags": f"{MARSHAL}ListType({INT})", b"b": INT, b"a": TEXT})
+    directory = tmp_path / "ks" / f"mixed-{table.id.hex}"
+    directory.mkdir(parents=True)
+    (directory / "mc-1-big-Data.db").write_bytes(bytes(out))
+    (directory / "mc-1-big-Statistics.db").write_bytes(serialize_metadata(stored, version))
+    sstable = SSTable(directory)
+    for schema_table in (table, None):
+        (read,) = sstable.partitions(schema_table)
+        assert [(c.column.name, c.value) for c in read.static_row.cells[:1]] == [("s_note", b"note")]
+        assert [(c.column.name, c.path) for c in read.static_row.cells[1].cells] == [("s_tags", b"x")]
+        (row,) = read.rows
+        assert [c.column.name for c in row.cells] == ["a", "b", "tags"]
+        assert [c.value for c in row.cells[:2]] == [b"alpha", (7).to_bytes(4, "big")]
+        assert [c.value for c in row.cells[2].cells] == [(5).to_bytes(4, "big")]
 
 
 # --- schema changes, descriptors, types -------------------------------------------------------------

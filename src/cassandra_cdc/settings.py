@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 import logging
+import os
+import re
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Iterator, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
 Model = TypeVar("Model", bound=BaseModel)
 
+# Settings whose values must never reach a log: passwords, secrets, tokens, JAAS configs, private keys.
+SECRET_SETTING = re.compile(r"password|secret|token|sasl\.jaas\.config|ssl\.key", re.IGNORECASE)
+
 
 class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the file and the field."""
 
 
+# ``${NAME}``, ``${NAME:-default}`` or ``${file:/path}`` inside a string value.
+REFERENCE = re.compile(r"\$\{(?:file:(?P<file>[^}]+)|(?P<env>[A-Za-z_][A-Za-z0-9_]*)(?::-(?P<default>[^}]*))?)\}")
+# A secret's key ``<name>_file`` stands for ``<name>``, read from that file (as orchestrators mount secrets).
+FILE_SUFFIX = "_file"
+
+
 def load_settings(model: type[Model], path: Path | None, overrides: dict[str, Any] | None = None) -> Model:
-    """Read and validate the YAML file (if any) with overrides (dotted keys, None = not given) on top."""
+    """Read and validate the YAML file (if any) with overrides (dotted keys, None = not given) on top.
+
+    String values may refer to environment variables and files (``${KAFKA_PASSWORD}``, ``${file:/run/secret}``),
+    and a key ``password_file: /run/secret`` gives ``password`` the file's content, so that no secret needs to
+    sit in the YAML file itself.
+    """
     data: dict[str, Any] = {}
     source = str(path) if path else "command line"
     if path is not None:
@@ -27,7 +43,7 @@ def load_settings(model: type[Model], path: Path | None, overrides: dict[str, An
             raise ConfigError(f"{path}: {error}") from error
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: the configuration must be a YAML mapping")
-        data = loaded or {}
+        data = _resolve_references(loaded or {}, model, source, ())
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
@@ -39,9 +55,113 @@ def load_settings(model: type[Model], path: Path | None, overrides: dict[str, An
     try:
         return model.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in error.errors())
-        raise ConfigError(f"{source}: {problems}") from None
+        raise ConfigError("\n".join(f"{source}: {_location(e['loc'])}: {_problem(e)}" for e in error.errors())
+                          ) from None
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+def _problem(error: Any) -> str:
+    """Pydantic's message, with the value given when it helps (never for a secret)."""
+    message = str(error["msg"]).removeprefix("Value error, ")
+    given = error.get("input")
+    secret = any(SECRET_SETTING.search(str(part)) for part in error["loc"])
+    if error["type"] not in ("missing", "extra_forbidden") and not secret and isinstance(given, (str, int, float)):
+        message += f" (given: {given!r})"
+    if error["type"] == "extra_forbidden":
+        message = "not a setting here (misspelt, or in the wrong section?)"
+    return message
+
+
+def _resolve_references(node: Any, model: Any, source: str, where: tuple[str, ...]) -> Any:
+    if isinstance(node, dict):
+        resolved: dict[Any, Any] = {}
+        fields = getattr(model, "model_fields", {}) if isinstance(model, type) else {}
+        for key, value in node.items():
+            field = fields.get(key) or next((f for f in fields.values() if f.alias == key), None)
+            inner = _inner_model(field.annotation) if field is not None else None
+            name = str(key)
+            if name.endswith(FILE_SUFFIX) and field is None and SECRET_SETTING.search(name[:-len(FILE_SUFFIX)]):
+                name = name[:-len(FILE_SUFFIX)]
+                value = _read_secret_file(str(value), source, where + (str(key),))
+                if name in node:
+                    raise ConfigError(f"{source}: {'.'.join(where + (name,))}: given twice (also as {key})")
+            resolved[name] = _resolve_references(value, inner, source, where + (name,))
+        return resolved
+    if isinstance(node, list):
+        return [_resolve_references(value, model, source, where) for value in node]
+    if isinstance(node, str) and "${" in node:
+        return REFERENCE.sub(lambda match: _reference(match, source, where), node)
+    return node
+
+
+def _reference(match: re.Match[str], source: str, where: tuple[str, ...]) -> str:
+    if match["file"] is not None:
+        return _read_secret_file(match["file"], source, where)
+    value = os.environ.get(match["env"], match["default"])
+    if value is None:
+        raise ConfigError(f"{source}: {'.'.join(where)}: the environment variable {match['env']} is not set "
+                          f"(write ${{{match['env']}:-default}} for a default)")
+    return value
+
+
+def _read_secret_file(path: str, source: str, where: tuple[str, ...]) -> str:
+    try:
+        return Path(path).read_text().rstrip("\r\n")
+    except OSError as error:
+        raise ConfigError(f"{source}: {'.'.join(where)}: cannot read {path}: {error.strerror}") from None
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The settings model a field holds (``Section`` or ``Section | None``), or None for a plain value."""
+    candidates = [annotation, *getattr(annotation, "__args__", ())]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
 def configure_logging(level: str = "INFO") -> None:
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def reference_table(model: type[BaseModel]) -> str:
+    """A Markdown table of every key of a settings model (nested sections as dotted keys): the reference
+    docs/configuration.md is generated from, so that it cannot drift from what is validated."""
+    lines = ["| key | type | default | description |", "|---|---|---|---|"]
+    lines += [f"| `{key}` | {kind} | {default} | {text} |" for key, kind, default, text in _keys(model, "")]
+    return "\n".join(lines)
+
+
+def _keys(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str, str]]:
+    for name, field in model.model_fields.items():
+        key = prefix + (field.alias or name)
+        inner = _inner_model(field.annotation)
+        if inner is not None:
+            if field.description:
+                yield key, "section", "" if field.is_required() else "(optional)", field.description
+            yield from _keys(inner, key + ".")
+            continue
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if field.is_required():
+            default = "**required**"
+        elif "default_text" in extra:  # a default computed where the program runs
+            default = str(extra["default_text"])
+        elif field.default_factory is not None:
+            produced = field.default_factory()  # type: ignore[call-arg]
+            default = f"`{produced!r}`" if produced not in ({}, []) else "empty"
+        else:
+            default = "none" if field.default is None else f"`{_plain(field.default)}`"
+        yield key, _type_text(field.annotation), default, (field.description or "").replace("|", "\\|")
+
+
+def _plain(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _type_text(annotation: Any) -> str:
+    if getattr(annotation, "__origin__", None) is Literal:
+        return " \\| ".join(f"`{choice}`" for choice in annotation.__args__)
+    if not getattr(annotation, "__args__", None):
+        return getattr(annotation, "__name__", str(annotation))
+    text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
+    return text.replace("|", "\\|")

@@ -105,7 +105,8 @@ class Metrics(_Section):
 
 class AgentConfig(ServerTopics, _Section):
     server: str = Field(..., description="Logical name of the Cassandra cluster; prefix of every topic.")
-    node_id: str = Field(default_factory=socket.gethostname, description="This node's id in raw records.")
+    node_id: str = Field(default_factory=socket.gethostname, description="This node's id in raw records.",
+                         json_schema_extra={"default_text": "the host name"})
     cdc_raw: Path = Field(..., description="The node's cdc_raw_directory.")
     state_dir: Path = Field(..., description="Where the agent keeps its positions (durable, local disk).")
     quarantine_dir: Path | None = Field(None, description="Damaged entries' bytes. Default: <state_dir>/quarantine")

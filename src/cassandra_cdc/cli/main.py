@@ -4,7 +4,7 @@ from importlib.metadata import version
 
 import typer
 
-from . import agent
+from . import agent, config
 from .bootstrap import bootstrap
 from .demo import demo
 from .dump import dump
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.command()(dump)
 app.add_typer(agent.app, name="agent")
+app.add_typer(config.app, name="config")
 app.command()(pipeline)
 app.command()(bootstrap)
 app.command()(demo)

@@ -1,6 +1,6 @@
 """Cells, deletion times and row liveness, with their serializers side by side.
 
-Byte format: commitlog-format.md §6.6 (cell), §6.7 (complex column), §7.3 (deletion time).
+Byte format: docs/storage-format.md §11.1 (cell), §11.4 (complex column), §12 (deletion time).
 """
 
 from __future__ import annotations

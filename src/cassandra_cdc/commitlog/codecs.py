@@ -1,6 +1,6 @@
 """Section codecs: the compressors of ``commitlog_compression`` and transparent data encryption.
 
-commitlog-format.md §4.4 (compressed sections) and §4.5 (encrypted sections).
+docs/storage-format.md §5.1-§5.2 (compressed sections) and §5.3 (encrypted sections).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Counter contexts: the value of a counter cell (``CounterContext``, commitlog-format.md §8.3).
+"""Counter contexts: the value of a counter cell (``CounterContext``, docs/storage-format.md §14).
 
 A context is ``int16 header count``, that many ``int16`` shard indexes (global shards are stored as
 ``index + Short.MIN_VALUE``), then the shards: ``16-byte counter id, int64 clock, int64 count``.

@@ -1,4 +1,4 @@
-"""The segment header (``CommitLogDescriptor``) and segment file names (commitlog-format.md §3, §4.1)."""
+"""The segment header (``CommitLogDescriptor``) and segment file names (docs/storage-format.md §2.1, §3)."""
 
 from __future__ import annotations
 

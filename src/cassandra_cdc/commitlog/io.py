@@ -88,14 +88,20 @@ class DataInput:
         self.pos = after
         return value
 
+    # ``_take`` before reading ``self.buf``: a streaming subclass replaces the buffer when it loads more
+    # (``self.buf`` as the first argument would be the buffer from before the load).
+
     def int32(self) -> int:
-        return _INT.unpack_from(self.buf, self._take(4))[0]
+        start = self._take(4)
+        return _INT.unpack_from(self.buf, start)[0]
 
     def int64(self) -> int:
-        return _LONG.unpack_from(self.buf, self._take(8))[0]
+        start = self._take(8)
+        return _LONG.unpack_from(self.buf, start)[0]
 
     def uint16(self) -> int:
-        return _USHORT.unpack_from(self.buf, self._take(2))[0]
+        start = self._take(2)
+        return _USHORT.unpack_from(self.buf, start)[0]
 
     def raw(self, size: int) -> bytes:
         start = self.pos

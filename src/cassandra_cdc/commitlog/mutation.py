@@ -1,4 +1,4 @@
-"""Mutations: the unit of a commit log entry (commitlog-format.md §5)."""
+"""Mutations: the unit of a commit log entry (docs/storage-format.md §8)."""
 
 from __future__ import annotations
 

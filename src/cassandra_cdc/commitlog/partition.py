@@ -1,4 +1,4 @@
-"""Partition updates: one table's changes to one partition (commitlog-format.md §6, §6.1, §6.2)."""
+"""Partition updates: one table's changes to one partition (docs/storage-format.md §9.1, §9.2, §9.4)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Reading a segment: sync sections, entry framing and damage, as ``CommitLogReader`` applies them.
 
-commitlog-format.md §4.2-§4.7. A segment is streamed: an uncompressed one through ``mmap``, a
+docs/storage-format.md §4-§6. A segment is streamed: an uncompressed one through ``mmap``, a
 compressed or encrypted one a section at a time, so memory stays bounded by the largest section.
 """
 
@@ -255,7 +255,7 @@ class SegmentReader:
     # --- entries --------------------------------------------------------------------------------
 
     def entries(self) -> Iterator[Entry]:
-        """The intact entries, in order, applying Cassandra's framing rules (§4.7)."""
+        """The intact entries, in order, applying Cassandra's framing rules (§6.2)."""
         segment_id = self.descriptor.segment_id
         start_after = self.start
         for section in self.sections():

@@ -1,7 +1,7 @@
 """Rows, range tombstone markers and clusterings, with their serializers side by side.
 
-Byte format: commitlog-format.md §6.3 (column subsets), §6.4 (row), §6.5 (range tombstone marker),
-§8.1 (clustering values).
+Byte format: docs/storage-format.md §10.1-§10.2 (row), §10.3 (clustering values), §10.4 (column
+subsets), §10.5 (range tombstone marker).
 """
 
 from __future__ import annotations
@@ -231,28 +231,37 @@ class UnfilteredSerializer:
 
     @staticmethod
     def serialize_row(row: Row, out: DataOutput, header: SerializationHeader) -> None:
-        liveness = row.liveness
+        flags = UnfilteredSerializer.serialize_row_head(row, out, header)
+        UnfilteredSerializer.serialize_row_body(row, out, header, flags)
+
+    @staticmethod
+    def serialize_row_head(row: Row, out: DataOutput, header: SerializationHeader) -> int:
+        """A row's flags and clustering (SSTables put sizes between these and the body); returns the flags."""
         superset = header.columns(row.is_static)
-        has_complex_deletion = any(isinstance(d, ComplexColumn) and d.deletion is not None for d in row.cells)
         flags = 0
         extended = (IS_STATIC if row.is_static else 0) | (HAS_SHADOWABLE_DELETION if row.shadowable_deletion else 0)
         if extended:
             flags |= EXTENSION_FLAG
-        if liveness is not None:
+        if row.liveness is not None:
             flags |= HAS_TIMESTAMP
-            if liveness.is_expiring:
+            if row.liveness.is_expiring:
                 flags |= HAS_TTL
         if row.deletion is not None:
             flags |= HAS_DELETION
         if len(row.cells) == len(superset):
             flags |= HAS_ALL_COLUMNS
-        if has_complex_deletion:
+        if any(isinstance(d, ComplexColumn) and d.deletion is not None for d in row.cells):
             flags |= HAS_COMPLEX_DELETION
         out.byte(flags)
         if extended:
             out.byte(extended)
         if not row.is_static:
             ClusteringSerializer.serialize(row.clustering, out, header.clustering_types)
+        return flags
+
+    @staticmethod
+    def serialize_row_body(row: Row, out: DataOutput, header: SerializationHeader, flags: int) -> None:
+        liveness = row.liveness
         if liveness is not None:
             header.write_timestamp(out, liveness.timestamp)
             if liveness.is_expiring:
@@ -261,7 +270,9 @@ class UnfilteredSerializer:
         if row.deletion is not None:
             row.deletion.serialize(out, header)
         if not flags & HAS_ALL_COLUMNS:
+            superset = header.columns(row.is_static)
             ColumnSubsetSerializer.serialize([d.column for d in row.cells], out, superset)
+        has_complex_deletion = bool(flags & HAS_COMPLEX_DELETION)
         for data in row.cells:
             if isinstance(data, ComplexColumn):
                 ComplexColumnSerializer.serialize(data, out, header, liveness, has_complex_deletion)
@@ -297,11 +308,21 @@ class UnfilteredSerializer:
 
     @staticmethod
     def serialize_marker(marker: RangeTombstoneMarker, out: DataOutput, header: SerializationHeader) -> None:
+        UnfilteredSerializer.serialize_marker_bound(marker, out, header)
+        UnfilteredSerializer.serialize_marker_deletions(marker, out, header)
+
+    @staticmethod
+    def serialize_marker_bound(marker: RangeTombstoneMarker, out: DataOutput,
+                               header: SerializationHeader) -> None:
         out.byte(IS_MARKER)
         out.byte(marker.kind)
         out.uint16(len(marker.clustering))
         if marker.clustering:
             ClusteringSerializer.serialize(marker.clustering, out, header.clustering_types)
+
+    @staticmethod
+    def serialize_marker_deletions(marker: RangeTombstoneMarker, out: DataOutput,
+                                   header: SerializationHeader) -> None:
         if marker.kind.closes:
             _require(marker.close_deletion, marker).serialize(out, header)
         if marker.kind.opens:

@@ -1,10 +1,10 @@
 """The stateful step of the pipeline: raw records in, change events out, merge state in RocksDB.
 
 PySpark's stateful APIs cost about half a millisecond per grouping key and per state access
-(platform-notes.md), so grouping by partition key would cap the pipeline at a few thousand records
-per second. Records are instead grouped by raw topic partition (the agents key the topic by partition
-key): one call per raw partition per micro-batch, one state read and one state write, and all of its
-partition keys merged in one pass over its records.
+(docs/pipeline.md, "How it works"), so grouping by partition key would cap the pipeline at a few
+thousand records per second. Records are instead grouped by raw topic partition (the agents key the
+topic by partition key): one call per raw partition per micro-batch, one state read and one state
+write, and all of its partition keys merged in one pass over its records.
 
 The records reach the processor in one of two ways. With the Python source they are not in the rows
 at all: each row names a range of offsets of one raw topic partition (``emit=offsetRanges`` in

@@ -1,4 +1,4 @@
-"""The SparkSession the pipeline runs in, configured as platform-notes.md says it must be.
+"""The SparkSession the pipeline runs in, and the reason for each of its settings.
 
 - Python workers run this interpreter (``sys.executable``): otherwise they start the system python,
   which has no pyarrow, and fail later with a misleading "Python worker failed to connect back".

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cache, cached_property
 from typing import Any, Callable
 
-from ..schema.types import CqlType
+from ..schema.types import CqlType, shortest_float32
 
 _EPOCH = datetime.datetime(1970, 1, 1)
 
@@ -64,6 +64,7 @@ _SIMPLE_VALUES: dict[str, Callable[[Any], Any]] = {
     "time": lambda v: v.nanosecond_time,
     "timestamp": _timestamp_millis,
     "blob": bytes,
+    "float": shortest_float32,
 }
 
 

@@ -13,6 +13,7 @@ import ipaddress
 import json
 import math
 import re
+import struct
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Mapping
@@ -367,7 +368,9 @@ def _to_json(t: CqlType, value: Any) -> Any:
     kind = t.kind
     if kind in ("text", "varchar", "ascii", "boolean", "int", "bigint", "smallint", "tinyint", "counter"):
         return value
-    if kind in ("float", "double"):
+    if kind == "float":
+        return shortest_float32(value) if math.isfinite(value) else str(value)
+    if kind == "double":
         return value if math.isfinite(value) else str(value)
     if kind in ("varint", "decimal"):
         return str(value)
@@ -396,6 +399,24 @@ def _to_json(t: CqlType, value: Any) -> Any:
                              else value[i])
                 for i, (n, p) in enumerate(zip(t.field_names, t.parameters))}
     return str(value)
+
+
+def shortest_float32(value: float) -> float:
+    """A float column's value (a double holding its 32 bits exactly, 7.619999885559082 for 7.62) as the double
+    of the fewest digits that still read back as the same 32 bits: what Java's Float.toString and SELECT JSON
+    show (7.62)."""
+    exact = _FLOAT32.pack(value)
+    for digits in range(1, 10):  # nine significant digits tell every float32 apart
+        candidate = float(f"{value:.{digits}g}")
+        try:
+            if _FLOAT32.pack(candidate) == exact:
+                return candidate
+        except OverflowError:  # rounded past the largest float32
+            continue
+    return value
+
+
+_FLOAT32 = struct.Struct(">f")
 
 
 def _map_key(t: CqlType, key: Any) -> str:
@@ -546,5 +567,5 @@ def _from_class_node(node: _ClassNode, text: str) -> CqlType:
 __all__ = [
     "CqlType", "CqlTypeError", "parse_type", "simple_type", "list_type", "set_type", "map_type",
     "tuple_type", "vector_type", "user_type", "freeze", "duration_text", "quote", "type_from_class_name",
-    "types_from_composite_class_name", "is_reversed_class_name",
+    "types_from_composite_class_name", "is_reversed_class_name", "shortest_float32",
 ]

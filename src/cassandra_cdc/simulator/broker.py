@@ -2,8 +2,9 @@
 
 ``noida-db up`` daemonizes and ``noida-db down`` saves the broker's data before stopping it, so a later
 ``start()`` on the same data directory restores every topic and message: that is how tests simulate a
-broker that goes away and comes back (platform-notes.md: never ``kill -9`` it, which can lose
-acknowledged messages, nor the PID ``up`` prints, which is only a wrapper).
+broker that goes away and comes back. Never ``kill -9`` it instead: it keeps messages in memory and
+snapshots them asynchronously, so a kill right after a produce can lose acknowledged messages. Nor kill
+the PID ``up`` prints: that is only a wrapper, and the broker would live on as an orphan.
 """
 
 from __future__ import annotations

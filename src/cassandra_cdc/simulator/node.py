@@ -1,6 +1,6 @@
 """One simulated Cassandra node: its commit log and ``cdc_raw`` directories, kept as the real node does.
 
-What a CDC consumer sees depends on the Cassandra version (commitlog-format.md §10):
+What a CDC consumer sees depends on the Cassandra version (docs/storage-format.md §7):
 
 * 4.0 / 4.1 / 5.0: every new segment is hard-linked into ``cdc_raw`` when it is created. Once the segment
   contains data of a ``cdc = true`` table, each sync rewrites ``<segment>_cdc.idx`` with the synced
@@ -24,7 +24,7 @@ from ..commitlog import Mutation, MutationSerializer, SegmentFull, SegmentWriter
 from ..commitlog.writer import DEFAULT_SEGMENT_SIZE
 from ..schema import Schema
 
-# Cassandra version (as configured) -> commit log version it writes (commitlog-format.md §1.1).
+# Cassandra version (as configured) -> commit log version it writes (docs/storage-format.md §2.2).
 COMMITLOG_VERSIONS = {
     "3.0": 6, "3.11": 6,
     "4.0": 7, "4.1": 7,

@@ -1,4 +1,4 @@
-"""CQL statements as data, and the exact ``Mutation`` Cassandra writes for each (commitlog-format.md §9.4).
+"""CQL statements as data, and the exact ``Mutation`` Cassandra writes for each (docs/storage-format.md §16).
 
 Every operation names its table as ``"keyspace.table"``, carries its write timestamp in microseconds and
 gives column values as Python values the DataStax driver serializes (a UDT as a mapping of field names or a

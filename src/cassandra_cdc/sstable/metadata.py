@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 from ..commitlog.header import EncodingStats
-from ..commitlog.io import DataInput
+from ..commitlog.io import DataInput, DataOutput
 from .descriptor import Version
 from .errors import ChecksumError, SSTableError
 
 
 _T = TypeVar("_T")
+_CRC = struct.Struct(">I")
 
 
 class MetadataType(enum.IntEnum):
@@ -40,7 +41,8 @@ class HeaderComponent:
     """The ``SerializationHeader.Component`` of Statistics.db: how Data.db was written.
 
     Column names are the stored name bytes; types are Java class names (see
-    :func:`~cassandra_cdc.schema.types.type_from_class_name`). Columns are in serialization order.
+    :func:`~cassandra_cdc.schema.types.type_from_class_name`). Columns are in the order stored, which need not
+    be the order rows are encoded in (see :func:`~cassandra_cdc.sstable.table.serialization_header`).
     """
 
     stats: EncodingStats
@@ -57,6 +59,19 @@ class HeaderComponent:
         statics = {inp.bytes_vint(): _read_type(inp) for _ in range(inp.uvint())}
         regulars = {inp.bytes_vint(): _read_type(inp) for _ in range(inp.uvint())}
         return HeaderComponent(stats, key_type, clustering, statics, regulars)
+
+
+    def serialize(self, out: DataOutput) -> None:
+        self.stats.serialize(out)
+        out.bytes_vint(self.key_type.encode("utf-8"))
+        out.uvint(len(self.clustering_types))
+        for class_name in self.clustering_types:
+            out.bytes_vint(class_name.encode("utf-8"))
+        for columns in (self.static_columns, self.regular_columns):
+            out.uvint(len(columns))
+            for name, class_name in columns.items():
+                out.bytes_vint(name)
+                out.bytes_vint(class_name.encode("utf-8"))
 
 
 def _read_type(inp: DataInput) -> str:
@@ -138,6 +153,27 @@ def read_metadata(path: Path, version: Version) -> SSTableMetadata:
         _component(path, components, MetadataType.STATS, StatsMetadata.deserialize, required=False),
         _component(path, components, MetadataType.HEADER, HeaderComponent.deserialize, required=True),
     )
+
+
+def serialize_metadata(header: HeaderComponent, version: Version) -> bytes:
+    """A Statistics.db holding the serialization header alone (all that reading Data.db needs), with the
+    CRCs of 4.0+."""
+    component = DataOutput()
+    header.serialize(component)
+    checksummed = version.has_metadata_checksum
+    out = DataOutput()
+    out.int32(1)
+    if checksummed:
+        out += _CRC.pack(zlib.crc32(out))
+    toc_start = len(out)
+    out.int32(MetadataType.HEADER)
+    out.int32(toc_start + 8 + (4 if checksummed else 0))
+    if checksummed:
+        out += _CRC.pack(zlib.crc32(out[toc_start:], zlib.crc32(out[:4])))
+    out += component
+    if checksummed:
+        out += _CRC.pack(zlib.crc32(component))
+    return bytes(out)
 
 
 def _component(path: Path, components: dict[int, DataInput], kind: MetadataType,

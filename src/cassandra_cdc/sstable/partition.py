@@ -7,22 +7,24 @@ Data.db is a sequence of partitions, each::
                          Long.MIN_VALUE); oa/da: one byte 0x80 for LIVE, else int64 markedForDeleteAt (top bit
                          clear) and uint32 localDeletionTime
     static row           only when the Statistics.db header has static columns (possibly an empty row)
-    rows and markers     as in a partition update (commitlog-format.md §6.4, §6.5), except that after a
-                         row's clustering (a marker's bound) come ``uvint size`` (of what follows, itself
-                         included) and ``uvint previous unfiltered size``
+    rows and markers     as in a partition update (docs/storage-format.md §10.2, §10.5), except that after a
+                         row's clustering (a marker's bound) come ``uvint size`` (of what follows it: the
+                         next field and the body) and ``uvint previous unfiltered size`` (the whole length
+                         of the row or marker before; for the first one, from the partition's start)
     0x01                 end of partition
 
 Timestamps, TTLs and deletion times inside rows are deltas from the header's ``EncodingStats``, as in the
-commit log; the column lists and their types are the Statistics.db header's.
+commit log; the column lists and their types are the Statistics.db header's, in Cassandra's column order.
 """
 
 from __future__ import annotations
 
 from ..commitlog.cells import INT_MAX, LONG_MIN, DeletionTime
 from ..commitlog.header import SerializationHeader
+from ..commitlog.io import DataOutput
 from ..commitlog.partition import PartitionUpdate
 from ..commitlog.rows import (END_OF_PARTITION, EXTENSION_FLAG, IS_MARKER, IS_STATIC, ClusteringSerializer,
-                              RangeTombstoneMarker, Row, UnfilteredSerializer)
+                              RangeTombstoneMarker, Row, Unfiltered, UnfilteredSerializer)
 from ..schema.model import TableMetadata
 from .descriptor import Version
 from .stream import StreamInput
@@ -66,6 +68,9 @@ class PartitionDeletionSerializer:
         if version.has_uint_deletion_time:
             if deletion is None:
                 return bytes((LIVE_DELETION,))
+            if deletion.marked_for_delete_at < 0:  # its top bit would read as the LIVE flag
+                raise ValueError(f"a partition deletion at timestamp {deletion.marked_for_delete_at} "
+                                 f"cannot be written in format {version.name}")
             return (deletion.marked_for_delete_at.to_bytes(8, "big", signed=True)
                     + (deletion.local_deletion_time & 0xFFFFFFFF).to_bytes(4, "big"))
         if deletion is None:
@@ -132,6 +137,25 @@ class SSTablePartitionSerializer:
         return marker
 
     @staticmethod
+    def serialize(update: PartitionUpdate, out: DataOutput, data: DataHeader) -> None:
+        """Write the partition as Data.db holds it, with ``data.header``'s encoding stats and column lists."""
+        header = data.header
+        # The first row's "previous unfiltered" is the partition header (with the static row): its size
+        # counts from the partition's start.
+        previous_start = len(out)
+        out.uint16(len(update.key))
+        out += update.key
+        out += PartitionDeletionSerializer.serialize(update.partition_deletion, data.version)
+        if header.statics:
+            static_row = update.static_row if update.static_row is not None else Row((), is_static=True)
+            _serialize_unfiltered(static_row, out, header, 0)
+        for unfiltered in update.unfiltereds:
+            start = len(out)
+            _serialize_unfiltered(unfiltered, out, header, start - previous_start)
+            previous_start = start
+        out.byte(END_OF_PARTITION)
+
+    @staticmethod
     def skip(inp: StreamInput, data: DataHeader) -> bytes:
         """Move past the partition at the current position using the recorded row sizes; return its key."""
         header = data.header
@@ -162,6 +186,23 @@ def _body_end(inp: StreamInput) -> int:
     end = inp.position + size
     inp.uvint()  # size of the previous unfiltered, for reverse iteration
     return end
+
+
+def _serialize_unfiltered(unfiltered: Unfiltered, out: DataOutput, header: SerializationHeader,
+                          previous_size: int) -> None:
+    """Write a row or marker with its sizes (of its body, and of the unfiltered before it)."""
+    body = DataOutput()
+    if isinstance(unfiltered, Row):
+        flags = UnfilteredSerializer.serialize_row_head(unfiltered, out, header)
+        UnfilteredSerializer.serialize_row_body(unfiltered, body, header, flags)
+    else:
+        UnfilteredSerializer.serialize_marker_bound(unfiltered, out, header)
+        UnfilteredSerializer.serialize_marker_deletions(unfiltered, body, header)
+    sizes = DataOutput()
+    sizes.uvint(previous_size)
+    out.uvint(len(sizes) + len(body))
+    out += sizes
+    out += body
 
 
 def _check_end(inp: StreamInput, end: int, what: str) -> None:

@@ -44,10 +44,14 @@ def serialization_header(header: HeaderComponent, table: TableMetadata, version:
     """The header Data.db's rows are decoded with: the stored column lists and types, named by ``table``.
 
     A column the table knows (or knows as dropped) keeps its metadata but takes the stored type; a column
-    it does not know at all is read under its stored name and type.
+    it does not know at all is read under its stored name and type. Rows list their columns in Cassandra's
+    column order (that of ``Columns``: simple before complex, then by name), whatever order Statistics.db
+    stores them in.
     """
-    statics = tuple(_bound_column(table, n, t, ColumnKind.STATIC) for n, t in header.static_columns.items())
-    regulars = tuple(_bound_column(table, n, t, ColumnKind.REGULAR) for n, t in header.regular_columns.items())
+    statics = table.sorted_columns(_bound_column(table, n, t, ColumnKind.STATIC)
+                                   for n, t in header.static_columns.items())
+    regulars = table.sorted_columns(_bound_column(table, n, t, ColumnKind.REGULAR)
+                                    for n, t in header.regular_columns.items())
     if len(header.clustering_types) != len(table.clustering):
         raise ValueError(f"Statistics.db records {len(header.clustering_types)} clustering columns, "
                          f"{table.qualified_name} has {len(table.clustering)}: not this table's SSTable?")
