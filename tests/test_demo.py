@@ -115,6 +115,12 @@ def test_tail_decodes_raw_records_with_a_schema(broker: EmbeddedBroker, tmp_path
     assert lines[0] == "node2 CommitLog-7-1234.log@567 22:13:20.000 shop.orders (" + str(len(update)) + " bytes)"
     assert '"type": "row"' in lines[1] and '"clustering": {"line": 0}' in lines[1]
     assert '"column": "item", "value": "cake"' in lines[1]
+    # A schema declaring another type for the key: said so, not a null key.
+    schema_file.write_text(ORDERS.to_cql().replace("id int", "id bigint"))
+    wrong = _tail(topic, "--bootstrap-servers", broker.bootstrap_servers, "--from-beginning", "--max", "1",
+                  "--schema", str(schema_file))
+    assert wrong == [lines[0] + " — cannot decode: primary key column id: cannot decode 4 bytes as bigint: "
+                                "unpack requires a buffer of 8 bytes (is that its type in the schema?)"]
     # Without the table's schema: the header, and what is missing.
     unknown = _tail(topic, "--bootstrap-servers", broker.bootstrap_servers, "--from-beginning", "--max", "1",
                     "--schema-topic", f"no-such-topic-{uuid.uuid4().hex[:8]}")

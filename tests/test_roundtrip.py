@@ -384,6 +384,22 @@ def test_truncated_last_section_keeps_earlier_sections(workload: Workload, setup
 
 
 @SETTINGS
+@given(workload=workloads(), data=st.data())
+def test_truncated_plain_segment_keeps_every_entry_before_the_cut(workload: Workload, data: st.DataObject) -> None:
+    """As Cassandra's replay: a plain section cut short by the end of the file is read up to the cut."""
+    plain = WriterSetup({})
+    with tempfile.TemporaryDirectory() as directory:
+        segment = write_one_segment(Path(directory), workload, plain, data.draw(segment_ids))
+        offset, _, start, stop = [span for span in section_spans(segment, plain) if span[3] > span[2]][-1]
+        cut = data.draw(st.integers(offset + 8, stop - 1), "truncated length")
+        os.truncate(segment.writer.path, cut)
+        entries, reader = read_entries(segment, plain)
+    assert pairs(entries) == [(p, b) for p, b in segment.entries if p <= cut]
+    assert [d.kind for d in reader.damage] == [DamageKind.SYNC_MARKER_PAST_END]
+    assert not reader.finished
+
+
+@SETTINGS
 @given(workload=workloads(), setup=writer_setups(tuple(c for c in COMPRESSORS if c != "NoopCompressor")),
        data=st.data())
 def test_undecodable_section_loses_only_its_entries(workload: Workload, setup: WriterSetup,

@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ..agent import Agent, ConfigError, load_config
-from ..settings import configure_logging
 from ..agent.status import segment_statuses
+from ..settings import configure_logging
+from .options import LogLevel, LogLevelOption
 
 app = typer.Typer(no_args_is_help=False)
 
@@ -32,7 +33,7 @@ def agent(
     after_completed: Annotated[Optional[str], typer.Option(
         help="delete | keep | archive:DIR — what to do with fully published segments.")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="Prometheus port (0: off).")] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Tail cdc_raw and publish every change of a CDC table to Kafka.
 
@@ -48,7 +49,7 @@ def agent(
         mode, _, directory = after_completed.partition(":")
         overrides["cleanup.mode"] = mode
         overrides["cleanup.archive_dir"] = directory or None
-    configure_logging(log_level)
+    configure_logging(log_level.value)
     try:
         settings = load_config(config, overrides)
         runner = Agent(settings)

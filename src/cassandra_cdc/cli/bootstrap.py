@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..settings import ConfigError, configure_logging
+from .options import LogLevel, LogLevelOption
 
 
 def bootstrap(
@@ -38,7 +39,7 @@ def bootstrap(
     task_mb: Annotated[int, typer.Option(
         min=1, help="Split Data.db files larger than this (MB, uncompressed) into several tasks.")] = 64,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Publish the rows a table already has, read from a snapshot of its SSTables on every node, to the
     raw topic, so that the pipeline's output starts with the whole table, not just later changes.
@@ -58,7 +59,7 @@ def bootstrap(
     from ..pipeline.config import load_config
     from ..pipeline.spark import spark_session
 
-    configure_logging(log_level)
+    configure_logging(log_level.value)
     paths = [*sstables, *(more_sstables or [])]
     if not paths:
         raise typer.BadParameter("give at least one snapshot directory", param_hint="--sstables")

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..settings import ConfigError, configure_logging
+from .options import LogLevel, LogLevelOption
 
 
 def pipeline(
@@ -18,7 +19,7 @@ def pipeline(
     format: Annotated[Optional[str], typer.Option("--format", help="Event format: json or avro.")] = None,
     master: Annotated[Optional[str], typer.Option(help="Spark master (default local[2]).")] = None,
     duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.")] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Run the Spark Structured Streaming job: read the raw topic, merge every replica's copy per
     primary key with Cassandra's reconciliation rules (state in RocksDB, checkpointed), and write one
@@ -30,7 +31,7 @@ def pipeline(
     from ..pipeline.config import load_config
     from ..pipeline.job import check_checkpoint, run
 
-    configure_logging(log_level)
+    configure_logging(log_level.value)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
                  "output.format": format, "spark.master": master}
     try:

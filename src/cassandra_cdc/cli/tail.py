@@ -175,10 +175,11 @@ class _RawPrinter:
                   f"({len(record.update)} bytes)")
         if table is None:
             return [header + " — no schema for this table: give --schema"]
+        source = {"node": record.node_id, "segment": record.segment_id, "position": record.position}
         try:
             update = PartitionUpdateSerializer.deserialize(DataInput(record.update), schema, record.commitlog_version)
+            changes = ["  " + json.dumps(change, ensure_ascii=False)
+                       for change in render_partition_update(update, source)]
         except Exception as error:  # an update the schema cannot decode: say so, go on with the next record
             return [f"{header} — cannot decode: {error}"]
-        source = {"node": record.node_id, "segment": record.segment_id, "position": record.position}
-        return [header] + ["  " + json.dumps(change, ensure_ascii=False)
-                           for change in render_partition_update(update, source)]
+        return [header] + changes

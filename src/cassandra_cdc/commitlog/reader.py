@@ -93,6 +93,8 @@ class Section:
     logical_start: int
     logical_end: int
     data: bytes | memoryview
+    # Cut short by the end of the file (a torn tail): its last entry may be incomplete.
+    torn: bool = False
 
 
 class SegmentReader:
@@ -121,6 +123,7 @@ class SegmentReader:
             self.close()
             raise
         self._key = self._encryption_key(keystore)
+        self._decrypted_a_section = False
         self._compressor = None
         if self.descriptor.compression_class and not self.descriptor.encrypted:
             self._compressor = compressor_for(self.descriptor.compression_class)
@@ -206,8 +209,18 @@ class SegmentReader:
                                  offset, logical)
                 return
             if next_marker < offset or next_marker > self._size:
+                plain = self._compressor is None and self._key is None
+                torn = plain and next_marker > self._size and (self.limit is None or self._size <= self.limit)
                 self.report(DamageKind.SYNC_MARKER_PAST_END,
-                             f"next marker at {next_marker}, file is {self._size} bytes", offset, logical)
+                             f"next marker at {next_marker}, file is {self._size} bytes"
+                             + ("; the entries up to the end of the file are read" if torn else ""),
+                             offset, logical)
+                if torn:
+                    # As Cassandra's replay does: the intact entries before the cut are delivered (a
+                    # compressed or encrypted section cannot be decoded in part).
+                    body_start = offset + SYNC_MARKER_SIZE
+                    body = memoryview(self._map)[body_start:]
+                    yield Section(offset, body_start, self._size, body, torn=True)
                 return
             section = self._section(offset, logical, next_marker)
             if section is None:
@@ -239,8 +252,15 @@ class SegmentReader:
             if len(plain) != plain_length:
                 raise ValueError(f"got {len(plain)} bytes, the section header says {plain_length}")
         except Exception as error:  # every codec has its own exception types
-            self.report(DamageKind.UNREADABLE_SECTION, f"{type(error).__name__}: {error}", offset, logical)
+            detail = f"{type(error).__name__}: {error}"
+            if self._key is not None and not self._decrypted_a_section:
+                # Nothing decrypts, from the first section on: far likelier a wrong key than damage.
+                alias = self.descriptor.params["encKeyAlias"]
+                detail = f"the key for alias {alias!r} does not decrypt this segment: wrong key? ({detail})"
+            self.report(DamageKind.UNREADABLE_SECTION, detail, offset, logical)
             plain = b""
+        else:
+            self._decrypted_a_section = True
         return Section(offset, logical_start, logical_end, plain)
 
     def _decrypt(self, data: bytes, plain_length: int) -> bytes:
@@ -264,6 +284,9 @@ class SegmentReader:
             base = section.logical_start
             pos = 0
             while pos < end:
+                if section.torn and end - pos < 8:
+                    self._stop_at_the_cut(base + pos)
+                    return
                 if end - pos < 4:
                     self.report(DamageKind.TRUNCATED_ENTRY_HEADER, f"{end - pos} bytes left in the section",
                                  section.file_offset, base + pos)
@@ -286,6 +309,9 @@ class SegmentReader:
                     self.report(DamageKind.SIZE_CRC_MISMATCH, f"size {size}", section.file_offset, base + pos)
                     break
                 entry_end = pos + ENTRY_OVERHEAD_SIZE + size
+                if entry_end > end and section.torn:
+                    self._stop_at_the_cut(base + pos)
+                    return
                 if entry_end > end:
                     self.report(DamageKind.UNEXPECTED_END_OF_SECTION,
                                  f"entry of {size} bytes needs {entry_end - end} more", section.file_offset, base + pos)
@@ -303,3 +329,8 @@ class SegmentReader:
                     yield Entry(segment_id, base + pos, position, body, section.file_offset, self._section_index)
                 pos = entry_end
             self.position = max(self.position, section.logical_end)
+
+    def _stop_at_the_cut(self, position: int) -> None:
+        """At the entry that the end of the file cuts, in a torn section: the damage is reported already
+        (the torn tail); what precedes it is read."""
+        self.position = max(self.position, position)

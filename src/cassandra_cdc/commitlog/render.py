@@ -19,6 +19,11 @@ from .rows import Clustering, RangeTombstoneMarker, Row
 _TEXT_KINDS = ("text", "varchar", "ascii")
 
 
+class KeyDecodeError(ValueError):
+    """A partition key or clustering value that its declared type cannot decode: the schema does not
+    describe the data (a null in its place would pass for a real key)."""
+
+
 def render_value(cql_type: CqlType, value: bytes | None) -> Any:
     """A stored value as JSON; an empty value is "" for text types, "0x" for blobs, else null."""
     if value is None:
@@ -49,7 +54,13 @@ def _liveness(liveness: LivenessInfo) -> dict[str, int]:
 
 
 def _named_values(columns: tuple[ColumnMetadata, ...], values: Clustering | list[bytes]) -> dict[str, Any]:
-    return {c.name: _safe_value(c.type, v)[0] for c, v in zip(columns, values)}
+    named = {}
+    for column, value in zip(columns, values):
+        named[column.name], error = _safe_value(column.type, value)
+        if error:
+            raise KeyDecodeError(f"primary key column {column.name}: {error} "
+                                 "(is that its type in the schema?)")
+    return named
 
 
 def render_cell(cell: Cell) -> dict[str, Any]:
@@ -91,10 +102,16 @@ def _render_row_cells(row: Row) -> list[dict[str, Any]]:
 
 
 def render_partition_update(update: PartitionUpdate, source: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """One object per change in the update: partition deletion, static row, rows, range deletions."""
+    """One object per change in the update: partition deletion, static row, rows, range deletions.
+
+    Raises KeyDecodeError for a key or clustering value the table's types cannot decode."""
     table = update.table
+    try:
+        key_values = table.split_partition_key(update.key)
+    except ValueError as error:
+        raise KeyDecodeError(str(error)) from None
     base = {"keyspace": table.keyspace, "table": table.name,
-            "key": _named_values(table.partition_key, table.split_partition_key(update.key))}
+            "key": _named_values(table.partition_key, key_values)}
     if update.partition_deletion is not None:
         yield base | {"type": "partition_deletion", "deletion": _deletion(update.partition_deletion)} | source
     if update.static_row is not None:
