@@ -159,6 +159,7 @@ class _RawPrinter:
         from ..commitlog.io import DataInput
         from ..commitlog.render import render_partition_update
         from ..demo.render import micros_text
+        from ..schema.types import json_text
         from ..topics.raw import RawRecord, RawRecordError
 
         value = message.value()
@@ -178,7 +179,7 @@ class _RawPrinter:
         source = {"node": record.node_id, "segment": record.segment_id, "position": record.position}
         try:
             update = PartitionUpdateSerializer.deserialize(DataInput(record.update), schema, record.commitlog_version)
-            changes = ["  " + json.dumps(change, ensure_ascii=False)
+            changes = ["  " + json_text(change)
                        for change in render_partition_update(update, source)]
         except Exception as error:  # an update the schema cannot decode: say so, go on with the next record
             return [f"{header} — cannot decode: {error}"]
