@@ -53,8 +53,12 @@ def encryption_settings(keystore: Path) -> dict[str, Any]:
                                           "store_type": "JCEKS", "key_password": KEYSTORE_PASSWORD}]}]}}
 
 
-# Every run: index blocks every KiB of a partition, so a partition of a few KiB is already "wide".
-COMMON_SETTINGS = {"column_index_size": "1KiB", "cdc_enabled": False}
+# Every run: index blocks every KiB of a partition, so a partition of a few KiB is already "wide"; the
+# request timeouts of a machine busy with other work.
+COMMON_SETTINGS = {"column_index_size": "1KiB", "cdc_enabled": False, "read_request_timeout": "60000ms",
+                   "write_request_timeout": "60000ms", "range_request_timeout": "60000ms",
+                   "request_timeout": "60000ms"}
+CLIENT_TIMEOUT = 120.0
 
 # name -> (keyspace, SSTable format or None when its SSTables are not kept, compressions of the
 # ``everything`` tables, settings for the commit log).
@@ -249,18 +253,20 @@ def _with_timestamps(statements: list[str]) -> list[str]:
     return out
 
 
-def sstabledump(node_directory: Path, data_file: Path) -> str:
-    """Cassandra's own ``sstabledump -t`` of one SSTable (timestamps as microseconds)."""
-    conf = node_directory / "conf"
+def sstabledump(conf: Path, data_file: Path) -> None:
+    """Cassandra's own ``sstabledump -t`` of one SSTable (timestamps as microseconds), with the
+    ``cassandra.yaml`` and ``logback-tools.xml`` of ``conf``, next to it as ``*-sstabledump.json``."""
     command = [artifacts.java_executable(), "-Xmx256m", *_SMALL_JVM, *_JAVA17_ACCESS,
                f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
                f"-Dlogback.configurationFile={conf / 'logback-tools.xml'}",
-               f"-Dcassandra.storagedir={node_directory}", "-cp", artifacts.classpath(artifacts.CASSANDRA),
+               f"-Dcassandra.storagedir={conf}", "-cp", artifacts.classpath(artifacts.CASSANDRA),
                "org.apache.cassandra.tools.SSTableExport", "-t", str(data_file)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     if result.returncode != 0:
         raise RuntimeError(f"sstabledump {data_file} failed ({result.returncode}): {result.stderr[-2000:]}")
-    return result.stdout
+    # Its indentation off (JSON strings hold no raw line breaks): the same JSON, half the size.
+    compact = "\n".join(line.strip() for line in result.stdout.splitlines()) + "\n"
+    data_file.with_name(data_file.name.replace("-Data.db", "-sstabledump.json")).write_text(compact)
 
 
 def generate_keystore(path: Path) -> None:
@@ -285,16 +291,29 @@ def _trimmed_copy(source: Path, target: Path) -> None:
 _KEPT_ZEROS = 1024
 
 
+def _execute(session: Any, statement: str, attempts: int = 3) -> None:
+    """A statement, again when it timed out on a busy machine. Writing one twice (an append) changes what
+    the files hold, not whether Cassandra and we read them alike."""
+    from cassandra import OperationTimedOut, ReadTimeout, WriteTimeout
+
+    for attempt in range(1, attempts + 1):
+        try:
+            session.execute(statement)
+            return
+        except (OperationTimedOut, ReadTimeout, WriteTimeout):
+            if attempt == attempts:
+                raise
+
+
 def _run_phase(node: Any, driver_of: Callable[[], Any], keyspace: str, compressions: tuple[str, ...],
                out: Path) -> None:
     schema = schema_statements(keyspace, compressions)
     writes = workload(keyspace, compressions)
     with driver_of() as driver:
+        driver.profile_manager.default.request_timeout = CLIENT_TIMEOUT
         session = driver.connect()
-        for statement in schema:
-            session.execute(statement)
-        for statement in writes:
-            session.execute(statement)
+        for statement in [*schema, *writes]:
+            _execute(session, statement)
         described = session.execute(f"DESCRIBE KEYSPACE {keyspace} WITH INTERNALS")
         (out / "schema.cql").write_text("\n\n".join(row.create_statement for row in described) + "\n")
     # The periodic sync (every second) writes the sections: then the segments hold every write.
@@ -323,28 +342,31 @@ def generate(out: Path, work: Path, progress: Callable[[str], None] = print) -> 
     out.mkdir(parents=True, exist_ok=True)
     keystore = out / "fidelity.jceks"
     generate_keystore(keystore)
-    dumps: list[tuple[Path, Path]] = []
     settings: dict[str, Any] = {}
-    for phase, (keyspace, sstable_format, compressions, commitlog_settings) in PHASES.items():
-        settings = {**COMMON_SETTINGS, **commitlog_settings(keystore),
-                    "sstable": {"selected_format": sstable_format or "bti"}}
-        phase_out = out / phase
-        phase_out.mkdir()
-        with CassandraCluster(work, nodes=1, config=settings, progress=progress) as cluster:
-            node = cluster.nodes[0]
-            _run_phase(node, cluster.driver, keyspace, compressions, phase_out)
-            node.nodetool("flush", keyspace)
-            if sstable_format:
-                dumps += [(node.directory, data) for data in _keep_sstables(node, keyspace, phase_out)]
-        progress(f"phase {phase} written")
+    # sstabledump runs while the node goes on: with a copy of the node's configuration, which the next
+    # start rewrites.
+    dump_conf = work / "sstabledump-conf"
+    dumps = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        outputs = pool.map(lambda job: sstabledump(*job), dumps)
-        for (_, data), output in zip(dumps, outputs):
-            # Its indentation off (JSON strings hold no raw line breaks): the same JSON, half the size.
-            compact = "\n".join(line.strip() for line in output.splitlines()) + "\n"
-            data.with_name(data.name.replace("-Data.db", "-sstabledump.json")).write_text(compact)
+        for phase, (keyspace, sstable_format, compressions, commitlog_settings) in PHASES.items():
+            settings = {**COMMON_SETTINGS, **commitlog_settings(keystore),
+                        "sstable": {"selected_format": sstable_format or "bti"}}
+            phase_out = out / phase
+            phase_out.mkdir()
+            with CassandraCluster(work, nodes=1, config=settings, progress=progress) as cluster:
+                node = cluster.nodes[0]
+                _run_phase(node, cluster.driver, keyspace, compressions, phase_out)
+                node.nodetool("flush", keyspace)
+                if sstable_format:
+                    if not dump_conf.exists():
+                        shutil.copytree(node.directory / "conf", dump_conf)
+                    dumps += [pool.submit(sstabledump, dump_conf, data)
+                              for data in _keep_sstables(node, keyspace, phase_out)]
+            progress(f"phase {phase} written")
+        _replay(work, settings, out, progress)
+        for dump in dumps:
+            dump.result()
     progress("sstabledump done")
-    _replay(work, settings, out, progress)
 
 
 def _replay(work: Path, settings: dict[str, Any], out: Path, progress: Callable[[str], None]) -> None:
@@ -363,6 +385,7 @@ def _replay(work: Path, settings: dict[str, Any], out: Path, progress: Callable[
     selected: dict[str, list[Any]] = {}
     with cluster:
         with cluster.driver() as driver:
+            driver.profile_manager.default.request_timeout = CLIENT_TIMEOUT
             session = driver.connect()
             for keyspace in keyspaces:
                 for table in session.execute("SELECT table_name FROM system_schema.tables "

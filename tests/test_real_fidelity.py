@@ -334,8 +334,10 @@ def test_the_fixtures_hold_both_formats_every_compressor_and_every_kind_of_segme
             descriptor = reader.descriptor
             kinds.add("encrypted" if descriptor.encrypted else descriptor.compression_class or "")
     assert kinds == {"", "LZ4Compressor", "encrypted"}
-    # A row larger than a 64 KiB read, uncompressed, in either format.
+    # A row larger than a 64 KiB read, uncompressed, in either format; index blocks (BTI keeps them in
+    # Rows.db, for partitions of more than one block only).
     assert all(f.stat().st_size > 65536 for f in _data_files(FIXTURES) if "everything_none" in f.parent.name)
+    assert all(rows.stat().st_size > 0 for rows in FIXTURES.glob("bti/sstables/*/everything_*/*-Rows.db"))
 
 
 @pytest.mark.parametrize("data_file", _data_files(FIXTURES), ids=_sstable_id)
