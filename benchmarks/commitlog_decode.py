@@ -41,21 +41,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cassandra_cdc.commitlog import (
-    Cell,
-    ComplexColumn,
-    DeletionTime,
-    LivenessInfo,
-    Mutation,
-    MutationSerializer,
-    PartitionUpdate,
-    Row,
-    SegmentFull,
-    SegmentReader,
-    SegmentWriter,
-)
+from cassandra_cdc.commitlog import Mutation, MutationSerializer, SegmentFull, SegmentReader, SegmentWriter
+from cassandra_cdc.storage import Cell, ComplexColumn, DeletionTime, LivenessInfo, PartitionUpdate, Row
 from cassandra_cdc.commitlog.mutation import split_partition_updates
-from cassandra_cdc.commitlog.vint import read_unsigned_vint
+from cassandra_cdc.storage.vint import read_unsigned_vint
 from cassandra_cdc.schema.model import ColumnKind, ColumnMetadata, Schema, TableMetadata
 from cassandra_cdc.schema.types import map_type, set_type, simple_type
 

@@ -38,13 +38,13 @@ from confluent_kafka import Consumer, Producer  # noqa: E402
 from cassandra_cdc.agent import Agent  # noqa: E402
 from cassandra_cdc.agent import load_config as agent_config  # noqa: E402
 from cassandra_cdc.commitlog import Mutation, MutationSerializer  # noqa: E402
-from cassandra_cdc.pipeline.config import load_config as pipeline_config  # noqa: E402
-from cassandra_cdc.pipeline.job import start  # noqa: E402
-from cassandra_cdc.pipeline.spark import spark_session  # noqa: E402
+from cassandra_cdc.pipeline.pipeline_config import load_config as pipeline_config  # noqa: E402
+from cassandra_cdc.pipeline.streaming_job import start  # noqa: E402
+from cassandra_cdc.pipeline.spark_session import spark_session  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402
 from cassandra_cdc.simulator import Cluster, EmbeddedBroker, Insert, Update, to_mutation  # noqa: E402
-from cassandra_cdc.topics.raw import RawRecord, record_key  # noqa: E402
-from cassandra_cdc.topics.schemas import SchemaRecord  # noqa: E402
+from cassandra_cdc.kafka.raw_records import RawRecord, record_key  # noqa: E402
+from cassandra_cdc.kafka.schema_records import SchemaRecord  # noqa: E402
 
 SCHEMA = """CREATE TABLE bench.users (id bigint PRIMARY KEY, name text, email text, age int, score double,
     city text) WITH ID = 6c0e7a10-0000-4000-8000-0000000000b1 AND cdc = true;"""

@@ -44,16 +44,16 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cassandra_cdc.bootstrap.plan import Task  # noqa: E402
-from cassandra_cdc.bootstrap.records import RecordBuilder  # noqa: E402
-from cassandra_cdc.commitlog.cells import Cell, LivenessInfo  # noqa: E402
-from cassandra_cdc.commitlog.io import DataOutput  # noqa: E402
-from cassandra_cdc.commitlog.rows import ClusteringSerializer, Row, UnfilteredSerializer  # noqa: E402
-from cassandra_cdc.commitlog.vint import write_unsigned_vint  # noqa: E402
+from cassandra_cdc.bootstrap.task_plan import Task  # noqa: E402
+from cassandra_cdc.bootstrap.sstable_records import RecordBuilder  # noqa: E402
+from cassandra_cdc.storage.cells import Cell, LivenessInfo  # noqa: E402
+from cassandra_cdc.storage.binary_io import DataOutput  # noqa: E402
+from cassandra_cdc.storage.rows import ClusteringSerializer, Row, UnfilteredSerializer  # noqa: E402
+from cassandra_cdc.storage.vint import write_unsigned_vint  # noqa: E402
 from cassandra_cdc.schema import TableMetadata, parse_schema  # noqa: E402
 from cassandra_cdc.sstable import SSTable  # noqa: E402
 from cassandra_cdc.sstable.compression import compress_data  # noqa: E402
-from cassandra_cdc.sstable.partition import PartitionDeletionSerializer  # noqa: E402
+from cassandra_cdc.sstable.sstable_partition import PartitionDeletionSerializer  # noqa: E402
 
 TARGET_ROWS_PER_SECOND = 50_000
 MB = 1_000_000

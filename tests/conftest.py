@@ -75,8 +75,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One local[2] Spark session for the whole run (starting one costs ~10 s)."""
-    from cassandra_cdc.pipeline.source import KafkaDataSource
-    from cassandra_cdc.pipeline.spark import spark_session
+    from cassandra_cdc.pipeline.kafka_source import KafkaDataSource
+    from cassandra_cdc.pipeline.spark_session import spark_session
 
     session = spark_session(app_name="cassandra-cdc-tests")
     session.dataSource.register(KafkaDataSource)

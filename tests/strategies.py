@@ -18,10 +18,10 @@ from typing import Any, Iterable, Sequence
 from cassandra import util
 from hypothesis import strategies as st
 
-from cassandra_cdc.commitlog import (BoundKind, Cell, ComplexColumn, DeletionTime, LivenessInfo, Mutation,
-                                     PartitionUpdate, RangeTombstoneMarker, Row)
-from cassandra_cdc.commitlog.cells import EXPIRED_LIVENESS_TTL, INT_MAX, LONG_MIN
-from cassandra_cdc.commitlog.rows import Clustering
+from cassandra_cdc.commitlog import Mutation
+from cassandra_cdc.storage import BoundKind, Cell, ComplexColumn, DeletionTime, LivenessInfo, PartitionUpdate, RangeTombstoneMarker, Row
+from cassandra_cdc.storage.cells import EXPIRED_LIVENESS_TTL, INT_MAX, LONG_MIN
+from cassandra_cdc.storage.rows import Clustering
 from cassandra_cdc.schema.model import ColumnKind, ColumnMetadata, Schema, TableMetadata
 from cassandra_cdc.schema.types import (CqlType, list_type, map_type, set_type, simple_type, tuple_type,
                                         user_type, vector_type)

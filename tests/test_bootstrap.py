@@ -21,21 +21,21 @@ from confluent_kafka import Consumer, TopicPartition
 from typer.testing import CliRunner
 
 from cassandra_cdc.bootstrap import BootstrapError, RecordBuilder, RecordLimits, Task, plan, run_bootstrap
-from cassandra_cdc.bootstrap.plan import resolve_snapshots
+from cassandra_cdc.bootstrap.task_plan import resolve_snapshots
 from cassandra_cdc.bootstrap.progress import ProgressFile
-from cassandra_cdc.bootstrap.records import max_local_deletion_time, split_partition
+from cassandra_cdc.bootstrap.sstable_records import max_local_deletion_time, split_partition
 from cassandra_cdc.cli.main import app
-from cassandra_cdc.commitlog import PartitionUpdateSerializer
-from cassandra_cdc.commitlog.cells import Cell, DeletionTime, LivenessInfo
-from cassandra_cdc.commitlog.io import DataInput
-from cassandra_cdc.commitlog.partition import PartitionUpdate
-from cassandra_cdc.commitlog.rows import BoundKind, RangeTombstoneMarker, Row
-from cassandra_cdc.pipeline.config import load_config
+from cassandra_cdc.storage import PartitionUpdateSerializer
+from cassandra_cdc.storage.cells import Cell, DeletionTime, LivenessInfo
+from cassandra_cdc.storage.binary_io import DataInput
+from cassandra_cdc.storage.partition_update import PartitionUpdate
+from cassandra_cdc.storage.rows import BoundKind, RangeTombstoneMarker, Row
+from cassandra_cdc.pipeline.pipeline_config import load_config
 from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import EmbeddedBroker
 from cassandra_cdc.sstable import SSTable
-from cassandra_cdc.topics.raw import RawRecord
-from cassandra_cdc.topics.schemas import SchemaRecord
+from cassandra_cdc.kafka.raw_records import RawRecord
+from cassandra_cdc.kafka.schema_records import SchemaRecord
 from conftest import SSTABLES
 from test_sstable import LEGACY, assert_readme_content, kind_of, legacy_schema
 
@@ -241,8 +241,8 @@ def _synthetic_partition() -> tuple[Schema, PartitionUpdate]:
 
 
 def test_large_partitions_are_split_into_updates_that_merge_to_the_same_rows() -> None:
-    from cassandra_cdc.pipeline.merge import apply, visible_rows
-    from cassandra_cdc.pipeline.state import PartitionState
+    from cassandra_cdc.merge.reconcile import apply, visible_rows
+    from cassandra_cdc.merge.partition_state import PartitionState
 
     schema, update = _synthetic_partition()
     table = update.table
@@ -276,7 +276,7 @@ def test_large_partitions_are_split_into_updates_that_merge_to_the_same_rows() -
     assert sorted(k[0] for k in whole) == sorted(c.to_bytes(4, "big") for c in [0, 1, 2, 3, 5, 7, 9, 11, 13, 14, 15])
     # and they survive serialization
     for piece in pieces:
-        from cassandra_cdc.commitlog.io import DataOutput
+        from cassandra_cdc.storage.binary_io import DataOutput
         out = DataOutput()
         PartitionUpdateSerializer.serialize(piece, out, 7)
         assert plain(PartitionUpdateSerializer.deserialize(DataInput(bytes(out)), schema, 7)) == plain(piece)

@@ -20,8 +20,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from conftest import start_agents
 from cassandra_cdc.bootstrap import BootstrapReport, run_bootstrap
-from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
-from cassandra_cdc.pipeline.job import start
+from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
+from cassandra_cdc.pipeline.streaming_job import start
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Cluster, DeletePartition, DeleteRow, EmbeddedBroker, Insert, TableModel, Update
 from cassandra_cdc.sstable import SSTable

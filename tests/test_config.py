@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from cassandra_cdc.agent.config import load_config as load_agent_config
+from cassandra_cdc.agent.agent_config import load_config as load_agent_config
 from cassandra_cdc.cli.config import reference
 from cassandra_cdc.cli.main import app
-from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
+from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
 from cassandra_cdc.settings import ConfigError
 
 from conftest import REPO

@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from cassandra_cdc.cli.main import app
 from cassandra_cdc.commitlog import MutationSerializer
-from cassandra_cdc.demo.check import compare_rows, normalized, replay
-from cassandra_cdc.demo.workload import ALTER_CQL, SCHEMA_CQL
-from cassandra_cdc.pipeline.events import EventEncoder, Source
+from cassandra_cdc.demo.table_check import compare_rows, normalized, replay
+from cassandra_cdc.demo.demo_workload import ALTER_CQL, SCHEMA_CQL
+from cassandra_cdc.events.event_encoder import EventEncoder, Source
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Clock, Cluster, EmbeddedBroker, Insert, Update, Workload, to_mutation
-from cassandra_cdc.topics.raw import RawRecord, record_key
+from cassandra_cdc.kafka.raw_records import RawRecord, record_key
 
 DEMO_TIMEOUT = 400  # seconds; the demo writes for 60 and takes about 2 minutes on an idle 2-core machine
 

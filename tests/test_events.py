@@ -16,8 +16,8 @@ import fastavro
 import pytest
 
 from cassandra.util import Date, Duration, Time
-from cassandra_cdc.pipeline.events import EventEncoder, Source
-from cassandra_cdc.pipeline.rows import STATIC_CLUSTERING, table_view
+from cassandra_cdc.events.event_encoder import EventEncoder, Source
+from cassandra_cdc.merge.table_view import STATIC_CLUSTERING, table_view
 from cassandra_cdc.schema import TableMetadata, parse_schema
 
 SCHEMA = parse_schema("""

@@ -11,7 +11,7 @@ from typing import Callable, Iterable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cassandra_cdc.commitlog.io import DataInput, DataOutput
+from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.sstable.stream import StreamInput
 
 # (method name, strategy of values it reads back)

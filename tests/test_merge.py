@@ -23,13 +23,13 @@ from typing import Any, Sequence
 
 import pytest
 
-from cassandra_cdc.commitlog import (BoundKind, DeletionTime, LivenessInfo, MutationSerializer,
-                                     PartitionUpdate, RangeTombstoneMarker, Row)
-from cassandra_cdc.commitlog.cells import EXPIRED_LIVENESS_TTL
-from cassandra_cdc.commitlog.counters import CounterShard
-from cassandra_cdc.pipeline.clustering import ClusteringComparator, compare_values
-from cassandra_cdc.pipeline.merge import RowChange, apply, expire, next_expiry, visible_rows
-from cassandra_cdc.pipeline.state import PartitionState
+from cassandra_cdc.commitlog import MutationSerializer
+from cassandra_cdc.storage import BoundKind, DeletionTime, LivenessInfo, PartitionUpdate, RangeTombstoneMarker, Row
+from cassandra_cdc.storage.cells import EXPIRED_LIVENESS_TTL
+from cassandra_cdc.storage.counters import CounterShard
+from cassandra_cdc.merge.clustering import ClusteringComparator, compare_values
+from cassandra_cdc.merge.reconcile import RowChange, apply, expire, next_expiry, visible_rows
+from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import Schema, TableMetadata, parse_schema, parse_type
 from cassandra_cdc.simulator import (AddToSet, AppendToList, CounterAdd, CounterLedger, DeleteColumns,
                                      DeletePartition, DeleteRange, DeleteRow, Insert, Operation, PutInMap,

@@ -22,9 +22,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cassandra_cdc.commitlog import MutationSerializer, PartitionUpdate
-from cassandra_cdc.pipeline.merge import RowChange, apply, expire, visible_rows
-from cassandra_cdc.pipeline.state import PartitionState
+from cassandra_cdc.commitlog import MutationSerializer
+from cassandra_cdc.storage import PartitionUpdate
+from cassandra_cdc.merge.reconcile import RowChange, apply, expire, visible_rows
+from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import TableMetadata, parse_schema
 from cassandra_cdc.simulator import Clock, CounterAdd, CounterLedger, TableModel, Workload, to_mutation
 

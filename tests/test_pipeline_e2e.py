@@ -13,9 +13,9 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from conftest import start_agents
-from cassandra_cdc.demo.check import normalized, replay
-from cassandra_cdc.pipeline.config import load_config as load_pipeline_config
-from cassandra_cdc.pipeline.job import start
+from cassandra_cdc.demo.table_check import normalized, replay
+from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
+from cassandra_cdc.pipeline.streaming_job import start
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Clock, Cluster, EmbeddedBroker, Workload
 

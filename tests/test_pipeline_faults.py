@@ -18,12 +18,12 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from cassandra_cdc.commitlog import Mutation, MutationSerializer
-from cassandra_cdc.pipeline.config import load_config
-from cassandra_cdc.pipeline.job import start
+from cassandra_cdc.pipeline.pipeline_config import load_config
+from cassandra_cdc.pipeline.streaming_job import start
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert, Update, to_mutation
-from cassandra_cdc.topics.raw import RawRecord, record_key
-from cassandra_cdc.topics.schemas import SchemaRecord
+from cassandra_cdc.kafka.raw_records import RawRecord, record_key
+from cassandra_cdc.kafka.schema_records import SchemaRecord
 
 TABLE_ID = "5c0e7a10-0000-4000-8000-00000000000a"
 V1 = f"""CREATE TABLE app.items (id int PRIMARY KEY, name text, qty int) WITH ID = {TABLE_ID} AND cdc = true;"""

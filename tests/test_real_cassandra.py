@@ -20,7 +20,8 @@ from cassandra import ConsistencyLevel, util
 from cassandra.query import SimpleStatement
 
 from cassandra_cdc.agent.cdc_raw import list_segments, read_cdc_index
-from cassandra_cdc.commitlog import ComplexColumn, MutationSerializer, PartitionUpdate, SegmentReader
+from cassandra_cdc.commitlog import MutationSerializer, SegmentReader
+from cassandra_cdc.storage import ComplexColumn, PartitionUpdate
 from cassandra_cdc.commitlog.replay import ReplayStats, replay
 from cassandra_cdc.schema import Schema, fetch_schema
 

@@ -29,8 +29,8 @@ import pytest
 
 from cassandra_cdc.commitlog import KeyStore, SegmentReader
 from cassandra_cdc.commitlog.replay import ReplayStats, replay
-from cassandra_cdc.pipeline.merge import apply, visible_rows
-from cassandra_cdc.pipeline.state import PartitionState
+from cassandra_cdc.merge.reconcile import apply, visible_rows
+from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import Schema, TableMetadata, load_schema_files
 from cassandra_cdc.schema.types import json_text
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from cassandra_cdc.schema import (ColumnKind, ColumnMetadata, CqlTypeError, KeyspaceMetadata, Schema, SchemaError,
                                   TableMetadata, load_schema_files, parse_schema, parse_type)
-from cassandra_cdc.commitlog.render import render_value
+from cassandra_cdc.storage.partition_json import render_value
 from cassandra_cdc.schema.cql import cql_literal
 from cassandra_cdc.schema.model import compact_table_columns, system_table_id
 from cassandra_cdc.schema.types import freeze, json_text, user_type

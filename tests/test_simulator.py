@@ -14,10 +14,9 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource
 
-from cassandra_cdc.commitlog import (BoundKind, Cell, ComplexColumn, DeletionTime, LivenessInfo, Mutation,
-                                     MutationSerializer, PartitionUpdate, SegmentReader, cdc_index_file_name,
-                                     parse_segment_name)
-from cassandra_cdc.commitlog.counters import CounterShard, decode_counter_context
+from cassandra_cdc.commitlog import Mutation, MutationSerializer, SegmentReader, cdc_index_file_name, parse_segment_name
+from cassandra_cdc.storage import BoundKind, Cell, ComplexColumn, DeletionTime, LivenessInfo, PartitionUpdate
+from cassandra_cdc.storage.counters import CounterShard, decode_counter_context
 from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import (AddToSet, AppendToList, Clock, Cluster, CounterAdd, CounterLedger,
                                      DeleteColumns, DeletePartition, DeleteRange, DeleteRow, EmbeddedBroker, Insert,

@@ -20,19 +20,19 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from cassandra_cdc.cli.main import app
-from cassandra_cdc.commitlog.cells import Cell, ComplexColumn, LivenessInfo
-from cassandra_cdc.commitlog.counters import counter_value
-from cassandra_cdc.commitlog.header import EncodingStats, SerializationHeader
-from cassandra_cdc.commitlog.io import DataOutput
-from cassandra_cdc.commitlog.partition import PartitionUpdate
-from cassandra_cdc.commitlog.rows import BoundKind, RangeTombstoneMarker, Row
+from cassandra_cdc.storage.cells import Cell, ComplexColumn, LivenessInfo
+from cassandra_cdc.storage.counters import counter_value
+from cassandra_cdc.storage.serialization_header import EncodingStats, SerializationHeader
+from cassandra_cdc.storage.binary_io import DataOutput
+from cassandra_cdc.storage.partition_update import PartitionUpdate
+from cassandra_cdc.storage.rows import BoundKind, RangeTombstoneMarker, Row
 from cassandra_cdc.schema import ColumnKind, Schema, TableMetadata, parse_schema
 from cassandra_cdc.schema.types import (CqlTypeError, is_reversed_class_name, type_from_class_name,
                                         types_from_composite_class_name)
 from cassandra_cdc.sstable import (ChecksumError, Descriptor, HeaderComponent, SSTable, SSTableError,
                                    SSTableReadStats, UnsupportedSSTableError, Version, find_sstables)
 from cassandra_cdc.sstable.metadata import serialize_metadata
-from cassandra_cdc.sstable.partition import DataHeader, SSTablePartitionSerializer
+from cassandra_cdc.sstable.sstable_partition import DataHeader, SSTablePartitionSerializer
 from cassandra_cdc.sstable.stream import StreamInput
 from cassandra_cdc.sstable.compression import READ_BLOCK, CompressedChunks, checksum_blocks, compress_data
 from conftest import SSTABLES

@@ -8,6 +8,7 @@ can be read empty or half-written, and such a read is retried, never interpreted
 from __future__ import annotations
 
 import re
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +16,10 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from ..commitlog.descriptor import cdc_index_file_name, parse_segment_name
+from ..commitlog.segment_descriptor import cdc_index_file_name, parse_segment_name
 
-_INDEX = re.compile(r"([0-9]+)(\nCOMPLETED)?")
+# A line break may end the file (as ``echo`` writes one): the offset is whole once one follows it.
+_INDEX = re.compile(r"([0-9]+)(\r?\nCOMPLETED)?\r?\n?")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,12 @@ def cdc_raw_bytes(cdc_raw: Path) -> int:
             except FileNotFoundError:
                 pass
     return total
+
+
+def move_files(files: list[Path], directory: Path) -> None:
+    """Move a segment's files (out of cdc_raw) into a directory."""
+    for path in files:
+        shutil.move(str(path), directory / path.name)
 
 
 class ChangeNotifier:

@@ -10,6 +10,10 @@ last one of each partition before the agent pauses (``seal``). To know which rec
 last, each partition's newest record is held back until the next one for it arrives or ``seal`` is
 called.
 
+A delivery report also carries the offset Kafka gave the record: per partition, the highest one is kept
+(``acknowledged_offsets``), so that a restarted agent can tell whether a topic lost records it had
+acknowledged.
+
 Nor does the agent note anything per record: it takes a ``watermark`` now and then (each partition's
 newest sequence number) and asks later whether Kafka has acknowledged everything up to it.
 
@@ -27,7 +31,7 @@ from typing import Callable
 
 from confluent_kafka import KafkaError, Message
 
-from .metrics import LatencyHistogram
+from .agent_metrics import LatencyHistogram
 from .publisher import Publisher
 
 MARKER_INTERVAL = 256
@@ -47,6 +51,7 @@ class Deliveries:
         # numbered 1, 2, ... per slot), the records produced since its last marker, and its newest record, held
         # back until the next one for it comes or ``seal``.
         self.acknowledged: list[int] = []
+        self._acknowledged_offsets: list[int] = []  # per slot: the highest offset a report carried (-1: none)
         self._newest: list[int] = []
         self._since_marker: list[int] = []
         self._held: list[_Held | None] = []
@@ -82,6 +87,12 @@ class Deliveries:
         """Whether Kafka has acknowledged every record sent before the watermark was taken."""
         return all(map(operator.ge, self.acknowledged, watermark))
 
+    def acknowledged_offsets(self, topic: str) -> dict[int, int]:
+        """Per partition of a topic: the highest offset Kafka acknowledged in a delivery report."""
+        offsets = self._acknowledged_offsets
+        return {partition: offsets[slot] for partition, slot in enumerate(self._slots.get(topic, ()))
+                if offsets[slot] >= 0}
+
     def _produce(self, slot: int, held: _Held, last: bool, should_stop: Callable[[], bool]) -> bool:
         """Produce a held record; a marker (asking for a delivery report) if it is its partition's last before a
         pause or the ``MARKER_INTERVAL``-th since the previous marker."""
@@ -96,9 +107,10 @@ class Deliveries:
         return self._publisher.publish(topic, key, value, report, should_stop, partition)
 
     def _delivered(self, slot: int, sequence: int, produced_at: float, error: KafkaError | None,
-                   _message: Message) -> None:
+                   message: Message) -> None:
         if self._publisher.check(error):
             self.acknowledged[slot] = max(self.acknowledged[slot], sequence)
+            self._acknowledged_offsets[slot] = max(self._acknowledged_offsets[slot], message.offset())
             self._latency.observe(time.monotonic() - produced_at)
 
     def _add_slots(self, topic: str) -> list[int]:
@@ -106,6 +118,7 @@ class Deliveries:
         first = len(self.acknowledged)
         count = self._publisher.partition_count(topic)
         self.acknowledged += [0] * count
+        self._acknowledged_offsets += [-1] * count
         self._newest += [0] * count
         self._since_marker += [0] * count
         self._held += [None] * count

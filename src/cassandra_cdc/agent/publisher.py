@@ -4,6 +4,9 @@ An idempotent producer (``acks=all``) that never times a message out: while Kafk
 librdkafka keeps retrying in order and its bounded queue fills, so ``publish`` blocks and the agent
 stops reading (back-pressure). A delivery that fails for good stops the agent: it resumes from its
 last saved position, so nothing is lost (the unacknowledged tail is published again).
+
+librdkafka's own log (a line per failed connection attempt, several a second while Kafka is away) is kept
+for ``--log-level DEBUG``: what a user must know comes through ``error_cb``, one line per change.
 """
 
 from __future__ import annotations
@@ -16,12 +19,21 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 log = logging.getLogger(__name__)
+librdkafka_log = logging.getLogger("cassandra_cdc.librdkafka")
 
 Acknowledge = Callable[[KafkaError | None, Message], None]
 
 
 class DeliveryFailed(RuntimeError):
     """Kafka refused a record for good (not a transient outage)."""
+
+
+class _DebugLog:
+    """The ``logger`` of librdkafka clients: their lines, whatever their level, at DEBUG."""
+
+    @staticmethod
+    def log(_level: int, message: str, *args: object) -> None:
+        librdkafka_log.debug(message, *args)
 
 
 class Publisher:
@@ -40,20 +52,26 @@ class Publisher:
             "queue.buffering.max.kbytes": max(1, max_buffered_bytes // 1024),
             "queue.buffering.max.messages": 2_000_000,
             "error_cb": self._on_error,
+            "logger": _DebugLog(),
         }
         settings.update(extra or {})
         self._producer = Producer(settings)
         self._admin_settings = {k: v for k, v in settings.items()
-                                if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))}
+                                if k.startswith(("bootstrap.", "security.", "sasl.", "ssl.", "logger"))}
+        self._admin: AdminClient | None = None  # one for every attempt: each new client logs its own failures
         self._on_reachability = on_reachability
         self.reachable = True
         self.failure: DeliveryFailed | None = None
+        self._errors_logged: set[int] = set()
 
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
-            self.failure = DeliveryFailed(f"fatal Kafka producer error: {error}")
+            self._fail(_fatal_error_message(error))
         elif error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE):
             self._set_reachable(False)
+        elif error.code() not in self._errors_logged:  # authentication, TLS: said once, not per retry
+            self._errors_logged.add(error.code())
+            log.warning("Kafka: %s", error.str())
 
     def _set_reachable(self, reachable: bool) -> None:
         if reachable != self.reachable:
@@ -63,7 +81,10 @@ class Publisher:
 
     def ensure_topics(self, topics: dict[str, tuple[int, bool]], timeout: float = 30.0) -> None:
         """Create missing topics: name -> (partitions, compacted). Existing topics are left as they are."""
-        admin = AdminClient(self._admin_settings)
+        if self._admin is None:
+            self._admin = AdminClient(self._admin_settings)
+        admin = self._admin
+        admin.poll(0)  # serves its log
         existing = admin.list_topics(timeout=timeout).topics
         wanted = [NewTopic(name, num_partitions=partitions, replication_factor=-1,
                            config={"cleanup.policy": "compact"} if compacted else {})
@@ -87,8 +108,7 @@ class Publisher:
                 self._producer.produce(topic, value, key, partition, on_delivery)
                 return True
             except BufferError:
-                self._producer.poll(0.05)  # wait for acknowledgements to make room
-                self.raise_failure()
+                self.poll(0.05)  # wait for acknowledgements to make room
                 if should_stop():
                     return False
 
@@ -104,12 +124,24 @@ class Publisher:
             if not self.reachable:
                 self._set_reachable(True)
             return True
-        self.failure = DeliveryFailed(f"Kafka did not accept a record: {error}")
+        self._fail(f"Kafka did not accept a record: {error}")
         return False
 
     def poll(self, timeout: float = 0.0) -> None:
-        self._producer.poll(timeout)
+        self._serve(timeout)
         self.raise_failure()
+
+    def _serve(self, timeout: float) -> None:
+        """Serve delivery reports and errors; a fatal error the client raises becomes ``failure``."""
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as error:
+            self._fail(_fatal_error_message(error.args[0]))
+
+    def _fail(self, message: str) -> None:
+        """Record a failure for good; the first one is the cause (the records it fails report after it)."""
+        if self.failure is None:
+            self.failure = DeliveryFailed(message)
 
     def raise_failure(self) -> None:
         if self.failure is not None:
@@ -118,10 +150,20 @@ class Publisher:
     def flush(self, timeout: float) -> int:
         """Wait for in-flight records; return how many are still unacknowledged."""
         deadline = time.monotonic() + timeout
-        while len(self._producer) and time.monotonic() < deadline:
-            self._producer.poll(0.1)
+        while len(self._producer) and time.monotonic() < deadline and self.failure is None:
+            self._serve(0.1)
         return len(self._producer)
 
     @property
     def in_flight(self) -> int:
         return len(self._producer)
+
+
+def _fatal_error_message(error: KafkaError) -> str:
+    if error.code() == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER:
+        return (f"Kafka lost records it had acknowledged ({error.str()}: a broker restarted without them, "
+                "or an unclean leader election): records acknowledged before this may be missing from the "
+                "topics; no position is saved past this point, and the restarted agent publishes again from "
+                "the positions in positions.json; check the brokers' durability settings (acks=all needs "
+                "min.insync.replicas >= 2, unclean.leader.election.enable=false)")
+    return f"Kafka failed the producer for good: {error.str()}; no position is saved past this point"

@@ -15,7 +15,7 @@ from typing import Callable
 
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
 from ..schema.system_schema import fetch_schema
-from .config import AgentConfig
+from .agent_config import AgentConfig
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +33,15 @@ class TableRegistry:
         self._loaded_at = 0.0
         self._changed: tuple[tuple[int, int] | None, float] | None = None  # (new stamp, first seen at)
         self._unknown_logged: set[uuid.UUID] = set()
+        # Per table id (its 16 bytes), for the schema loaded: what the per-record path needs of the table.
+        self._routes: dict[bytes, Route] = {}
         self.schema = Schema()
         self.reload()
 
     def reload(self) -> None:
         self._stamp = self._file_stamp()
         self.schema = self._load()
+        self._routes.clear()  # tables may have changed
         self._loaded_at = time.monotonic()
         names = sorted(t.qualified_name for t in self.schema if self.is_published(t))
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
@@ -97,6 +100,30 @@ class TableRegistry:
             log.warning("mutations of unknown table id %s are skipped (as Cassandra skips them) "
                         "until the schema has it", table_id)
         return table
+
+
+    def route(self, table_id: bytes) -> Route | None:
+        """The table of an update, by its id bytes; None for a table the schema does not know."""
+        route = self._routes.get(table_id)
+        if route is None:
+            table = self.lookup(uuid.UUID(bytes=table_id))
+            if table is None:
+                return None
+            route = self._routes[table_id] = Route(table, self.is_published(table))
+        return route
+
+
+class Route:
+    """What the per-record path needs of a table, worked out once per schema load."""
+
+    __slots__ = ("name", "published", "schema_change", "schema_published", "table")
+
+    def __init__(self, table: TableMetadata, published: bool) -> None:
+        self.table = table
+        self.name = table.qualified_name
+        self.published = published
+        self.schema_change = table.keyspace == "system_schema"  # the node logged a CREATE/ALTER/DROP
+        self.schema_published = False
 
 
 def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:

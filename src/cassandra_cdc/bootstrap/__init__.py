@@ -24,10 +24,10 @@ Completed tasks are recorded (``<checkpoint>/bootstrap/<keyspace>.<table>.json``
 interrupted resumes without reading them again.
 """
 
-from .errors import BootstrapError
-from .job import BootstrapReport, run_bootstrap
-from .plan import DEFAULT_TASK_BYTES, Task, plan
-from .records import RecordBuilder, RecordLimits
+from .bootstrap_errors import BootstrapError
+from .bootstrap_job import BootstrapReport, run_bootstrap
+from .task_plan import DEFAULT_TASK_BYTES, Task, plan
+from .sstable_records import RecordBuilder, RecordLimits
 
 __all__ = ["BootstrapError", "BootstrapReport", "DEFAULT_TASK_BYTES", "RecordBuilder", "RecordLimits", "Task",
            "plan", "run_bootstrap"]

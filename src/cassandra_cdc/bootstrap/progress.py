@@ -30,7 +30,7 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, 
                            TimeRemainingColumn)
 
 from ..schema import TableMetadata
-from .errors import BootstrapError
+from .bootstrap_errors import BootstrapError
 
 log = logging.getLogger(__name__)
 

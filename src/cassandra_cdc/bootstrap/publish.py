@@ -17,10 +17,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from ..schema import TableMetadata
 from ..sstable import SSTable, SSTableError, SSTableReadStats
-from ..topics.raw import RawRecord
-from .errors import BootstrapError
-from .plan import Task
-from .records import RecordBuilder, RecordLimits, RecordStats
+from ..kafka.raw_records import RawRecord
+from .bootstrap_errors import BootstrapError
+from .task_plan import Task
+from .sstable_records import RecordBuilder, RecordLimits, RecordStats
 
 DEFAULT_PRODUCER: dict[str, Any] = {
     "enable.idempotence": True,

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..agent import Agent, ConfigError, load_config
-from ..agent.status import segment_statuses
+from ..agent.segment_status import segment_statuses
 from ..settings import configure_logging
 from .options import LogLevel, LogLevelOption
 
@@ -33,6 +33,9 @@ def agent(
     after_completed: Annotated[Optional[str], typer.Option(
         help="delete | keep | archive:DIR — what to do with fully published segments.")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(help="Prometheus port (0: off).")] = None,
+    accept_lost_records: Annotated[bool, typer.Option(
+        help="Start even though the raw topic lost records Kafka had acknowledged (kafka.accept_lost_records).")
+    ] = False,
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Tail cdc_raw and publish every change of a CDC table to Kafka.
@@ -44,7 +47,8 @@ def agent(
     if ctx.invoked_subcommand is not None:
         return
     overrides = {"cdc_raw": cdc_raw, "schema.file": schema, "kafka.bootstrap_servers": bootstrap_servers,
-                 "server": server, "node_id": node_id, "state_dir": state_dir, "metrics.port": metrics_port}
+                 "server": server, "node_id": node_id, "state_dir": state_dir, "metrics.port": metrics_port,
+                 "kafka.accept_lost_records": accept_lost_records or None}
     if after_completed is not None:
         mode, _, directory = after_completed.partition(":")
         overrides["cleanup.mode"] = mode
@@ -82,7 +86,11 @@ def status(config: ConfigOption = None,
     if not cdc_raw.is_dir():
         typer.echo(f"error: {cdc_raw} is not a directory (the node's cdc_raw_directory)", err=True)
         raise typer.Exit(2)
-    rows = segment_statuses(cdc_raw, state_dir)
+    try:
+        rows = segment_statuses(cdc_raw, state_dir)
+    except ValueError as error:  # an unreadable positions.json, named in the message
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
     table = Table("segment", "durable offset", "Cassandra", "acknowledged", "lag bytes", "agent")
     for row in rows:
         table.add_row(row.segment, _text(row.durable_offset), "COMPLETED" if row.completed_by_cassandra else "writing",

@@ -56,8 +56,8 @@ def bootstrap(
             --sstables '/backup/*/data/shop/orders-*/snapshots/t1'
     """
     from ..bootstrap import BootstrapError, run_bootstrap
-    from ..pipeline.config import load_config
-    from ..pipeline.spark import spark_session
+    from ..pipeline.pipeline_config import load_config
+    from ..pipeline.spark_session import spark_session
 
     configure_logging(log_level.value)
     paths = [*sstables, *(more_sstables or [])]

@@ -7,8 +7,8 @@ from typing import Annotated, Literal
 
 import typer
 
-from ..agent.config import AgentConfig
-from ..pipeline.config import PipelineConfig
+from ..agent.agent_config import AgentConfig
+from ..pipeline.pipeline_config import PipelineConfig
 from ..settings import ConfigError, load_settings, reference_table
 
 app = typer.Typer(no_args_is_help=True, help="Check configuration files; print the configuration reference.")

@@ -12,13 +12,13 @@ from typing import Annotated, Any, Iterable, Optional
 import typer
 
 from ..commitlog import CommitLogError, DamageKind, KeyStore, SegmentReader, parse_segment_name
-from ..commitlog.partition import PartitionUpdate
-from ..commitlog.render import KeyDecodeError, render_partition_update
+from ..storage.partition_update import PartitionUpdate
+from ..storage.partition_json import KeyDecodeError, render_partition_update
 from ..commitlog.replay import ReplayStats, replay
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
 from ..schema.types import json_text
 from ..sstable import SSTable, SSTableError, SSTableReadStats
-from ..sstable.descriptor import COMPONENT_NAME, is_data_file
+from ..sstable.sstable_descriptor import COMPONENT_NAME, is_data_file
 
 
 def split_inputs(paths: list[Path]) -> tuple[list[Path], list[Path]]:

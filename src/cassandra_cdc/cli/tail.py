@@ -81,7 +81,7 @@ def tail(
 
 def _line(message: Any) -> str:
     """An event, or any other record as JSON (or hex when it is neither)."""
-    from ..demo.render import event_line, key_text
+    from ..events.event_text import event_line, key_text
 
     key, value = message.key(), message.value()
     key_document = _json(key)
@@ -143,7 +143,7 @@ class _RawPrinter:
                 typer.echo(f"error: {error}", err=True)
                 raise typer.Exit(2)
         else:
-            from ..pipeline.catalog import SchemaCatalog
+            from ..kafka.schema_catalog import SchemaCatalog
 
             self.catalog = SchemaCatalog(bootstrap_servers, schema_topic)
 
@@ -155,12 +155,12 @@ class _RawPrinter:
         return (found[0] if found else None), self.catalog.schema
 
     def lines(self, message: Any) -> list[str]:
-        from ..commitlog import PartitionUpdateSerializer
-        from ..commitlog.io import DataInput
-        from ..commitlog.render import render_partition_update
-        from ..demo.render import micros_text
+        from ..events.event_text import micros_text
+        from ..kafka.raw_records import RawRecord, RawRecordError
         from ..schema.types import json_text
-        from ..topics.raw import RawRecord, RawRecordError
+        from ..storage import PartitionUpdateSerializer
+        from ..storage.binary_io import DataInput
+        from ..storage.partition_json import render_partition_update
 
         value = message.value()
         if value is None:

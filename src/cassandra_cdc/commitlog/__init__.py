@@ -13,20 +13,15 @@ Writing (what a Cassandra node would write)::
         segment.sync()
 """
 
-from .cells import Cell, ComplexColumn, DeletionTime, LivenessInfo
-from .descriptor import Descriptor, cdc_index_file_name, parse_segment_name, segment_file_name
-from .errors import CommitLogError, DescriptorError, MutationDecodeError, UnknownTableError
 from .keystore import KeyStore
 from .mutation import Mutation, MutationSerializer
-from .partition import PartitionUpdate, PartitionUpdateSerializer
-from .reader import Damage, DamageKind, Entry, SegmentReader
-from .rows import BoundKind, RangeTombstoneMarker, Row
-from .writer import SegmentFull, SegmentWriter, write_cdc_index
+from .segment_descriptor import Descriptor, cdc_index_file_name, parse_segment_name, segment_file_name
+from .segment_errors import CommitLogError, DescriptorError
+from .segment_reader import Damage, DamageKind, Entry, SegmentReader
+from .segment_writer import SegmentFull, SegmentWriter, write_cdc_index
 
 __all__ = [
-    "BoundKind", "Cell", "CommitLogError", "ComplexColumn", "Damage", "DamageKind", "DeletionTime",
-    "Descriptor", "DescriptorError", "Entry", "KeyStore", "LivenessInfo", "Mutation", "MutationDecodeError",
-    "MutationSerializer", "PartitionUpdate", "PartitionUpdateSerializer", "RangeTombstoneMarker", "Row",
-    "SegmentFull", "SegmentReader", "SegmentWriter", "UnknownTableError", "cdc_index_file_name",
+    "CommitLogError", "Damage", "DamageKind", "Descriptor", "DescriptorError", "Entry", "KeyStore", "Mutation",
+    "MutationSerializer", "SegmentFull", "SegmentReader", "SegmentWriter", "cdc_index_file_name",
     "parse_segment_name", "segment_file_name", "write_cdc_index",
 ]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import jks
 
-from .errors import CommitLogError
+from .segment_errors import CommitLogError
 
 
 class KeyStore:

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..schema.model import Schema
-from .errors import MutationDecodeError
-from .io import DataInput, DataOutput, EndOfData
-from .partition import PartitionUpdate, PartitionUpdateSerializer
-from .vint import read_unsigned_vint
+from ..storage.decode_errors import MutationDecodeError
+from ..storage.binary_io import DataInput, DataOutput, EndOfData
+from ..storage.partition_update import PartitionUpdate, PartitionUpdateSerializer
+from ..storage.vint import read_unsigned_vint
 
 
 @dataclass(slots=True)

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..schema.model import Schema
-from .descriptor import MUTATION_VERSIONS
-from .errors import CommitLogError, MutationDecodeError, UnknownTableError
+from .segment_descriptor import MUTATION_VERSIONS
+from ..storage.decode_errors import MutationDecodeError, UnknownTableError
+from .segment_errors import CommitLogError
 from .mutation import Mutation, MutationSerializer
-from .reader import DamageKind, Entry, SegmentReader
+from .segment_reader import DamageKind, Entry, SegmentReader
 
 
 @dataclass

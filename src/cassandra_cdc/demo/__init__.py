@@ -12,7 +12,7 @@ the events into tables and compares them with the simulator's independent model 
 - ``runner``: the processes, the workload and their lifecycle.
 """
 
-from .check import CheckResult, compare_rows, normalized, replay
+from .table_check import CheckResult, compare_rows, normalized, replay
 from .runner import DemoOptions, run_demo
 
 __all__ = ["CheckResult", "DemoOptions", "compare_rows", "normalized", "replay", "run_demo"]

@@ -19,8 +19,8 @@ from typing import Any, Mapping
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
-from .check import ReplayedTable
-from .render import changes_text, key_text
+from .table_check import ReplayedTable
+from ..events.event_text import changes_text, key_text
 
 log = logging.getLogger(__name__)
 

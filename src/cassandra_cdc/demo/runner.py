@@ -32,14 +32,14 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
-from ..agent.status import segment_statuses
+from ..agent.segment_status import segment_statuses
 from ..schema import Schema, load_schema_files
 from ..simulator import BrokerError, Clock, Cluster, EmbeddedBroker, Workload
-from .check import CheckResult, compare_rows, normalized
+from .table_check import CheckResult, compare_rows, normalized
 from .feed import EventFeed
 from .processes import ChildProcess
 from .view import DemoStatus, NodeStatus, View
-from .workload import (ADDED_COLUMN, ALTER_CQL, ALTERED_TABLE, CDC_TABLES, NON_CDC_TABLE, SCHEMA_CQL, SERVER,
+from .demo_workload import (ADDED_COLUMN, ALTER_CQL, ALTERED_TABLE, CDC_TABLES, NON_CDC_TABLE, SCHEMA_CQL, SERVER,
                        TABLES, event_topic)
 
 log = logging.getLogger(__name__)

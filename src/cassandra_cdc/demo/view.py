@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .feed import WINDOW_SECONDS, FeedSnapshot
-from .workload import ADDED_COLUMN, ALTER_CQL, ALTERED_TABLE, CDC_TABLES, TABLES, event_topic
+from .demo_workload import ADDED_COLUMN, ALTER_CQL, ALTERED_TABLE, CDC_TABLES, TABLES, event_topic
 
 PLAIN_INTERVAL_SECONDS = 10.0
 OP_STYLES = {"c": "green", "u": "yellow", "d": "red", "r": "cyan"}

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 
 from ..commitlog import Mutation, MutationSerializer, SegmentFull, SegmentWriter, cdc_index_file_name, write_cdc_index
-from ..commitlog.writer import DEFAULT_SEGMENT_SIZE
+from ..commitlog.segment_writer import DEFAULT_SEGMENT_SIZE
 from ..schema import Schema
 
 # Cassandra version (as configured) -> commit log version it writes (docs/storage-format.md §2.2).

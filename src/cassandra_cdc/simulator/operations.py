@@ -28,10 +28,10 @@ from collections.abc import Mapping
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..commitlog import (BoundKind, Cell, ComplexColumn, DeletionTime, LivenessInfo, Mutation, PartitionUpdate,
-                         RangeTombstoneMarker, Row)
-from ..commitlog.counters import CounterShard, encode_counter_context
-from ..commitlog.rows import Clustering, ColumnData
+from ..commitlog import Mutation
+from ..storage import BoundKind, Cell, ComplexColumn, DeletionTime, LivenessInfo, PartitionUpdate, RangeTombstoneMarker, Row
+from ..storage.counters import CounterShard, encode_counter_context
+from ..storage.rows import Clustering, ColumnData
 from ..schema import ColumnMetadata, CqlType, Schema, TableMetadata
 from .ordering import order_key, serialize, udt_field_values
 

@@ -14,11 +14,11 @@ splits one SSTable into ranges of partitions (found through Index.db or Partitio
 """
 
 from .compression import CompressionInfo
-from .descriptor import Descriptor, Version
-from .errors import ChecksumError, SSTableError, UnsupportedSSTableError
+from .sstable_descriptor import Descriptor, Version
+from .sstable_errors import ChecksumError, SSTableError, UnsupportedSSTableError
 from .metadata import HeaderComponent, SSTableMetadata, StatsMetadata, ValidationMetadata
-from .reader import DataRange, SSTable, SSTableReadStats, find_sstables
-from .table import table_from_header
+from .sstable_reader import DataRange, SSTable, SSTableReadStats, find_sstables
+from .header_table import table_from_header
 
 __all__ = [
     "ChecksumError", "CompressionInfo", "DataRange", "Descriptor", "HeaderComponent", "SSTable", "SSTableError",

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from ..commitlog.codecs import Compressor, compressor_for
-from .descriptor import Version
-from .errors import ChecksumError, SSTableError, UnsupportedSSTableError
+from ..storage.codecs import Compressor, compressor_for
+from .sstable_descriptor import Version
+from .sstable_errors import ChecksumError, SSTableError, UnsupportedSSTableError
 
 _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")

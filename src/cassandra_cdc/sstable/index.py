@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from ..commitlog.io import DataInput
-from .errors import SSTableError
+from ..storage.binary_io import DataInput
+from .sstable_errors import SSTableError
 
 _LONG = struct.Struct(">q")
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from ..commitlog.header import EncodingStats
-from ..commitlog.io import DataInput, DataOutput
-from .descriptor import Version
-from .errors import ChecksumError, SSTableError
+from ..storage.serialization_header import EncodingStats
+from ..storage.binary_io import DataInput, DataOutput
+from .sstable_descriptor import Version
+from .sstable_errors import ChecksumError, SSTableError
 
 
 _T = TypeVar("_T")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator
 
-from ..commitlog.io import DataInput, EndOfData
+from ..storage.binary_io import DataInput, EndOfData
 
 _MAX_VINT = 9
 

@@ -1,0 +1,163 @@
+"""The agent's configuration: one YAML file, validated before anything starts."""
+
+from __future__ import annotations
+
+import fnmatch
+import socket
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..settings import ConfigError, load_settings
+from ..kafka import ServerTopics
+
+__all__ = ["AgentConfig", "ConfigError", "load_config"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CassandraSchemaSource(_Section):
+    contact_points: list[str] = Field(default_factory=lambda: ["127.0.0.1"],
+                                      description="Cassandra hosts to read system_schema from.")
+    port: int = Field(9042, description="CQL native port.")
+    username: str | None = Field(None, description="CQL user (PasswordAuthenticator).")
+    password: str | None = Field(None, description="CQL password.")
+    local_dc: str | None = Field(None, description="Datacenter of the node the agent runs beside.")
+
+
+class SchemaSource(_Section):
+    file: Path | None = Field(None, description="CQL schema file (what DESCRIBE SCHEMA WITH INTERNALS prints).")
+    cassandra: CassandraSchemaSource | None = Field(None, description="Read table metadata from the cluster.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "SchemaSource":
+        if (self.file is None) == (self.cassandra is None):
+            raise ValueError("give exactly one of schema.file or schema.cassandra")
+        return self
+
+
+class TableFilter(_Section):
+    include: list[str] = Field(default_factory=list,
+                               description="ks.table patterns (fnmatch) to publish; empty: every CDC table.")
+    exclude: list[str] = Field(default_factory=list, description="ks.table patterns never to publish.")
+
+    def accepts(self, qualified_name: str) -> bool:
+        if self.include and not any(fnmatch.fnmatchcase(qualified_name, p) for p in self.include):
+            return False
+        return not any(fnmatch.fnmatchcase(qualified_name, p) for p in self.exclude)
+
+
+# Producer settings the agent's no-loss and acknowledgement logic depends on (publisher.py, deliveries.py).
+PRODUCER_GUARANTEES = frozenset({"enable.idempotence", "enable.gapless.guarantee", "acks", "message.timeout.ms",
+                                 "partitioner"})
+
+
+class KafkaSettings(_Section):
+    bootstrap_servers: str = Field(..., description="Kafka bootstrap servers, host:port[,host:port].")
+    raw_topic: str | None = Field(None, description="Raw change topic. Default: <server>.raw")
+    schema_topic: str | None = Field(None, description="Compacted table schema topic. Default: <server>")
+    errors_topic: str | None = Field(None, description="Dead-letter topic. Default: <server>.errors")
+    raw_topic_partitions: int = Field(12, ge=1, description="Partitions of the raw topic when the agent creates it.")
+    producer: dict[str, Any] = Field(default_factory=dict,
+                                     description="Extra librdkafka producer settings (security, batching).")
+    max_buffered_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
+                                    description="Unacknowledged bytes held in memory before reading pauses.")
+    accept_lost_records: bool = Field(
+        False, description="Start even though the raw topic lost records Kafka had acknowledged to this agent "
+                           "(logged and counted); without it the agent stops with exit status 1.")
+
+    @field_validator("producer")
+    @classmethod
+    def _keeps_the_delivery_guarantees(cls, value: dict[str, Any]) -> dict[str, Any]:
+        fixed = sorted(PRODUCER_GUARANTEES & value.keys())
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot be changed: the agent relies on them never to lose a record")
+        return value
+
+
+class Cleanup(_Section):
+    mode: Literal["delete", "archive", "command", "keep"] = Field(
+        "delete", description="What to do with a segment once it is COMPLETED and fully acknowledged.")
+    archive_dir: Path | None = Field(None, description="Where 'archive' moves segments and idx files.")
+    command: str | None = Field(None, description="'command': run with {segment} and {index} substituted; "
+                                                  "the files are deleted when it exits 0.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> "Cleanup":
+        if self.mode == "archive" and self.archive_dir is None:
+            raise ValueError("cleanup.mode 'archive' needs cleanup.archive_dir")
+        if self.mode == "command" and not self.command:
+            raise ValueError("cleanup.mode 'command' needs cleanup.command")
+        return self
+
+
+class Encryption(_Section):
+    keystore: Path | None = Field(None, description="JCEKS keystore of transparent_data_encryption_options.")
+    keystore_password: str | None = Field(None, description="Keystore password.")
+    key_password: str | None = Field(None, description="Key password, if different.")
+    keys: dict[str, str] = Field(default_factory=dict, description="Raw AES keys by alias, as hex.")
+
+
+class Metrics(_Section):
+    port: int = Field(9103, ge=0, le=65535, description="Prometheus metrics port; 0 disables the endpoint.")
+    host: str = Field("0.0.0.0", description="Address the metrics endpoint binds.")
+
+
+class AgentConfig(ServerTopics, _Section):
+    server: str = Field(..., description="Logical name of the Cassandra cluster; prefix of every topic.")
+    node_id: str = Field(default_factory=socket.gethostname, description="This node's id in raw records.",
+                         json_schema_extra={"default_text": "the host name"})
+    cdc_raw: Path = Field(..., description="The node's cdc_raw_directory.")
+    state_dir: Path = Field(..., description="Where the agent keeps its positions (durable, local disk).")
+    quarantine_dir: Path | None = Field(
+        None, description="Damaged entries' bytes and reports, and segments that could not be read whole. "
+                          "Default: <state_dir>/quarantine")
+    schema_: SchemaSource = Field(..., alias="schema", description="Where table metadata comes from.")
+    tables: TableFilter = Field(default_factory=TableFilter)
+    kafka: KafkaSettings
+    cleanup: Cleanup = Field(default_factory=Cleanup)
+    encryption: Encryption = Field(default_factory=Encryption)
+    metrics: Metrics = Field(default_factory=Metrics)
+    cdc_total_space_mb: int = Field(4096, ge=1, description="The node's cdc_total_space, for the space warning.")
+    space_warning_percent: int = Field(80, ge=1, le=100,
+                                       description="Warn when cdc_raw uses this much of cdc_total_space.")
+    poll_interval_ms: int = Field(1000, ge=10, description="Fallback polling when no file system event comes.")
+    state_flush_ms: int = Field(200, ge=1, description="How often acknowledged positions are saved.")
+    stale_segment_seconds: float = Field(
+        60.0, gt=0, description="A segment never COMPLETED (node crash) is read to its end once a newer segment "
+                                "has data and it has not changed for this long.")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("server")
+    @classmethod
+    def _topic_safe(cls, value: str) -> str:
+        if not value or any(c not in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-" for c in value):
+            raise ValueError("use letters, digits, '.', '_' and '-' only (it prefixes Kafka topic names)")
+        return value
+
+    @field_validator("node_id")
+    @classmethod
+    def _fits_raw_records(cls, value: str) -> str:
+        if not value or len(value.encode("utf-8")) > 255:
+            raise ValueError("must be 1 to 255 bytes of UTF-8 (raw records carry it with a one-byte length)")
+        return value
+
+    @field_validator("cdc_raw")
+    @classmethod
+    def _existing_directory(cls, value: Path) -> Path:
+        if not value.is_dir():
+            raise ValueError(f"{value} is not a directory (Cassandra's cdc_raw_directory)")
+        return value
+
+    @property
+    def quarantine(self) -> Path:
+        return self.quarantine_dir or self.state_dir / "quarantine"
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> AgentConfig:
+    """Read and validate the agent's YAML file (if any) with command-line overrides on top."""
+    return load_settings(AgentConfig, path, overrides)

@@ -1,0 +1,46 @@
+"""Publishing a table's schema to the schema topic before the first record that needs it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Callable
+
+from confluent_kafka import KafkaError
+
+from ..kafka.schema_records import SchemaRecord
+from ..schema import TableMetadata
+from .publisher import Publisher
+
+log = logging.getLogger(__name__)
+
+
+class SchemaPublisher:
+    def __init__(self, publisher: Publisher, schema_topic: str, node_id: str, stopping: threading.Event,
+                 while_blocked: Callable[[], bool]) -> None:
+        self._publisher = publisher
+        self._schema_topic = schema_topic
+        self._node_id = node_id
+        self._stopping = stopping
+        self._while_blocked = while_blocked
+        # Per table id: the version of its schema last published.
+        self._published: dict[uuid.UUID, str] = {}
+
+    def ensure_published(self, table: TableMetadata) -> bool:
+        """Publish (and wait for) the table's schema unless this version is published; False if stopped
+        meanwhile."""
+        version = table.version_hash()
+        if self._published.get(table.id) == version:
+            return True
+        record = SchemaRecord.of(table, self._node_id)
+        delivered: list[KafkaError | None] = []
+        self._publisher.publish(self._schema_topic, record.key, record.encode(),
+                                lambda error, _: delivered.append(error), self._while_blocked)
+        while not delivered and not self._stopping.is_set():
+            self._publisher.poll(0.05)
+        if delivered and self._publisher.check(delivered[0]):
+            self._published[table.id] = version
+            log.info("published the schema of %s (version %s)", table.qualified_name, version)
+            return True
+        return False

@@ -1,0 +1,102 @@
+"""How far the agent has read each segment, how far Kafka has acknowledged it, and how far its idx file lets
+the agent read."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict, deque
+
+from ..commitlog.segment_reader import DamageKind
+from .cdc_raw import CdcSegment, read_cdc_index
+from .deliveries import Deliveries, Watermark
+
+log = logging.getLogger(__name__)
+
+
+class SegmentProgress:
+    """How far one segment is read and how far Kafka has acknowledged it.
+
+    Between the two lie checkpoints, oldest first: ``(position, watermark, sent)``, taken as reading goes
+    (``checkpoint``). Once Kafka has acknowledged everything up to a checkpoint's watermark, the segment is
+    acknowledged up to its position, and the records sent since the checkpoint before (``sent``: how many per
+    table) count as published.
+    """
+
+    def __init__(self, segment: CdcSegment, acknowledged: int, deliveries: Deliveries,
+                 published: defaultdict[str, int], completed: bool = False, damaged: bool = False) -> None:
+        self.segment = segment
+        self._acknowledged = acknowledged
+        self.read_position = acknowledged  # every entry before it is published (its records queued)
+        self.read_all = completed
+        self.damaged = damaged  # bytes neither published nor quarantined: kept whole, never cleaned up
+        self.index_offset: int | None = None
+        self.resume: tuple[int, int, int] | None = None  # where the sections read so far end (SegmentReader)
+        self.changed_at = time.monotonic()
+        self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
+        self.unreadable_since: float | None = None  # since when its idx has been read unreadable, in a row
+        self.unreadable_logged = False
+        self._deliveries = deliveries
+        self._published = published
+        self._checkpoints: deque[tuple[int, Watermark, dict[str, int]]] = deque()
+
+    def checkpoint(self, sent: dict[str, int]) -> None:
+        """Mark the read position: it is acknowledged once every record sent so far is (``sent`` of them since
+        the previous checkpoint, per table)."""
+        self._checkpoints.append((self.read_position, self._deliveries.watermark(), sent))
+
+    @property
+    def acknowledged(self) -> int:
+        """The position up to which every record is acknowledged."""
+        self._advance()
+        return self._acknowledged
+
+    @property
+    def done(self) -> bool:
+        self._advance()
+        return self.read_all and not self._checkpoints
+
+    def index_unreadable(self, stale_seconds: float) -> None:
+        """An idx read mid-rewrite is normal; one that stays unreadable blocks every newer segment: say so, once."""
+        now = time.monotonic()
+        if self.unreadable_since is None:
+            self.unreadable_since = now
+        elif now - self.unreadable_since >= stale_seconds and not self.unreadable_logged:
+            self.unreadable_logged = True
+            log.error("%s has been unreadable for %.0f s (not '<offset>' or '<offset>\\nCOMPLETED'): this segment "
+                      "and every newer one wait until it is readable", self.segment.index_path,
+                      now - self.unreadable_since)
+
+    def readable_extent(self, newer: list[CdcSegment],
+                        stale_seconds: float) -> tuple[int | None, bool] | None:
+        """(limit, final) for the next read of the segment, or None when there is nothing to read yet.
+
+        A None limit reads to the end of the segment.
+        """
+        segment = self.segment
+        index = read_cdc_index(segment.index_path)
+        if index is None:
+            if segment.index_path.exists():
+                return None  # caught mid-rewrite: read it again on the next pass
+            if segment.version == 6:
+                return None, True  # Cassandra 3.x moves a segment in once it is complete
+            return None  # 4.0+: no CDC data in this segment (yet)
+        if index.offset != self.index_offset:
+            self.index_offset = index.offset
+            self.changed_at = time.monotonic()
+        if index.completed:
+            return index.offset, True
+        idle = time.monotonic() - self.changed_at
+        if newer and idle >= stale_seconds and any(s.index_path.exists() for s in newer):
+            log.warning("%s was never COMPLETED (the node restarted?) and newer segments have data: "
+                        "reading it to its end", segment.path.name)
+            return None, True
+        return index.offset, False
+
+    def _advance(self) -> None:
+        """Move over the checkpoints Kafka has acknowledged: when asked, not per delivery."""
+        checkpoints = self._checkpoints
+        while checkpoints and self._deliveries.covers(checkpoints[0][1]):
+            self._acknowledged, _, sent = checkpoints.popleft()
+            for table, count in sent.items():
+                self._published[table] += count

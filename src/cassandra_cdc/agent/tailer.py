@@ -1,0 +1,416 @@
+"""The agent: tails ``cdc_raw`` and publishes every change of a CDC table to Kafka, losing nothing.
+
+One pass over ``cdc_raw`` reads each segment from its saved position up to what Cassandra has made
+durable (the ``_cdc.idx`` offset; a 3.x segment is complete when it appears), oldest segment first,
+and never past a segment that is still being written, so changes to a partition reach Kafka in the
+order the node wrote them. A segment's position only advances over entries whose records Kafka has
+acknowledged; a segment is cleaned up once it is COMPLETED and fully acknowledged. A segment some of whose
+bytes were neither published nor quarantined on their own (a header or section it cannot read, framing it
+cannot follow) is never cleaned up: it is moved whole into the quarantine directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections import defaultdict
+
+from confluent_kafka import KafkaError, KafkaException
+
+from ..commitlog import Damage, SegmentReader
+from ..commitlog.segment_errors import CommitLogError, DescriptorError
+from ..storage import MutationDecodeError, UnknownTableError
+from ..commitlog.mutation import split_partition_updates
+from ..commitlog.segment_reader import DamageKind, Entry
+from ..kafka.raw_records import encode_update
+from .cdc_raw import CdcSegment, ChangeNotifier, list_segments
+from .agent_config import AgentConfig, ConfigError
+from .deliveries import Deliveries
+from .agent_metrics import AgentMetrics
+from .publisher import DeliveryFailed, Publisher
+from .lost_records import LostRecords, LostRecordsUnknown, describe_loss, lost_partitions
+from .positions import PositionStore, StateError
+from .quarantine import WHOLE_SEGMENT_DAMAGE, Quarantine, damage_position
+from .schema_publisher import SchemaPublisher
+from .segment_cleanup import SegmentCleanup
+from .segment_keys import ensure_key, key_error, load_keystore
+from .segment_progress import SegmentProgress
+from .space_watch import SpaceWatch
+from .tables import Route, TableRegistry
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_FLUSH_SECONDS = 30.0
+# At startup, one attempt to reach Kafka (list and create topics) lasts this long; then it is tried again.
+STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
+# Errors that mean Kafka cannot be reached (yet): wait for it, as while publishing.
+UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
+SPACE_CHECK_SECONDS = 1.0
+# While a segment is read, every this many entries (a few milliseconds): a checkpoint, the housekeeping (serving
+# Kafka's delivery reports, saving positions every ``state_flush_ms``) and the check for a stop. librdkafka frees
+# a delivered record only when its report is served: without it, the queue fills with records Kafka has already
+# acknowledged, and every record produced lands in memory not touched before (page faults and cache misses, 5% of
+# the agent's CPU).
+HOUSEKEEPING_ENTRIES = 1000
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.metrics = AgentMetrics()
+        self.positions = PositionStore(config.state_dir)
+        self.tables = TableRegistry(config)
+        self.keystore = load_keystore(config)
+        self._check_keys()
+        self.publisher = Publisher(config.kafka.bootstrap_servers, config.kafka.max_buffered_bytes,
+                                   config.kafka.producer, on_reachability=self._kafka_reachability)
+        self.deliveries = Deliveries(self.publisher, self.metrics.delivery_latency)
+        self.notifier = ChangeNotifier(config.cdc_raw)
+        self._stopping = threading.Event()
+        self.quarantine = Quarantine(config, self.deliveries, self.metrics)
+        self.cleanup = SegmentCleanup(config.cleanup, self.quarantine)
+        self.schemas = SchemaPublisher(self.publisher, config.schema_topic, config.node_id, self._stopping,
+                                       self._while_blocked)
+        self.space = SpaceWatch(config, self.metrics)
+        self._progress: dict[int, SegmentProgress] = {}
+        self._node_id = config.node_id.encode("utf-8")
+        self._raw_topic = config.raw_topic
+        # Records sent since the segment being read took its last checkpoint, per table ("errors": dead letters).
+        self._sent: defaultdict[str, int] = defaultdict(int)
+        self._last_flush = self._last_space_check = 0.0
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.notifier.wake()
+
+    def run(self) -> int:
+        """Run until stopped (SIGTERM/SIGINT); return the process exit status: 2 for a configuration error met
+        while running (a segment's key missing), 1 when positions cannot be saved or Kafka failed for good."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: self.stop())
+        self.metrics.serve(self.config.metrics.host, self.config.metrics.port)
+        if not self._ensure_topics():
+            return 0  # stopped while waiting for Kafka: nothing was read
+        try:
+            self._check_acknowledged_records()
+        except (LostRecords, LostRecordsUnknown) as error:
+            log.error("agent stopped: %s", error)
+            return 1
+        log.info("agent %s tailing %s into %s", self.config.node_id, self.config.cdc_raw, self.config.raw_topic)
+        self.notifier.start()
+        failure: Exception | None = None
+        try:
+            while not self._stopping.is_set():
+                progressed = self.run_once()
+                if not progressed:
+                    self._wait_for_change()
+        except (ConfigError, StateError, DeliveryFailed) as error:
+            failure = error
+        finally:
+            self.notifier.stop()
+            # After a delivery failure, what Kafka acknowledged before may be gone too: nothing more is saved.
+            if not isinstance(failure, DeliveryFailed):
+                failure = self._drain() or failure
+        if failure is not None:
+            log.error("agent stopped: %s", failure)
+            return 2 if isinstance(failure, ConfigError) else 1
+        return 0
+
+    def _drain(self) -> Exception | None:
+        """Finish in-flight deliveries and save the positions; the failure that prevented it, if any."""
+        try:
+            self.deliveries.seal(self._while_blocked)
+            remaining = self.publisher.flush(SHUTDOWN_FLUSH_SECONDS)
+            self.publisher.raise_failure()
+            self._save_positions()
+        except (DeliveryFailed, StateError) as error:
+            return error
+        if remaining:
+            log.warning("agent stopped with %d records unacknowledged: they are published again on restart",
+                        remaining)
+        else:
+            log.info("agent stopped; everything read is acknowledged")
+        return None
+
+    def _ensure_topics(self) -> bool:
+        """Create missing topics, waiting while Kafka is unreachable; False if stopped meanwhile."""
+        waiting = False
+        while not self._stopping.is_set():
+            try:
+                self.publisher.ensure_topics({
+                    self.config.raw_topic: (self.config.kafka.raw_topic_partitions, False),
+                    self.config.schema_topic: (1, True),
+                    self.config.errors_topic: (1, False),
+                }, timeout=STARTUP_KAFKA_TIMEOUT_SECONDS)
+            except KafkaException as error:
+                if error.args[0].code() not in UNREACHABLE:
+                    raise
+                if not waiting:
+                    waiting = True
+                    self._kafka_reachability(False)
+                self._stopping.wait(1.0)
+                continue
+            if waiting:
+                self._kafka_reachability(True)
+            return True
+        return False
+
+    def _check_acknowledged_records(self) -> None:
+        """Compare the offsets Kafka acknowledged before with where the raw topic's partitions end: LostRecords
+        if records are gone, unless the configuration accepts it."""
+        topic = self.config.raw_topic
+        lost = lost_partitions(self.config, topic, self.positions.acknowledged_offsets.get(topic, {}))
+        if not lost:
+            return
+        self.metrics.kafka_records_lost.inc(sum(partition.records for partition in lost))
+        if not self.config.kafka.accept_lost_records:
+            raise LostRecords(f"{describe_loss(topic, lost)}; to start anyway, set kafka.accept_lost_records: "
+                              "true (or --accept-lost-records)")
+        log.warning("%s; carrying on (kafka.accept_lost_records)", describe_loss(topic, lost))
+        # The partitions' new records get offsets from their ends again: what was acknowledged before is gone.
+        for partition in lost:
+            del self.positions.acknowledged_offsets[topic][partition.partition]
+
+    def _wait_for_change(self) -> None:
+        deadline = time.monotonic() + self.config.poll_interval_ms / 1000
+        while not self._stopping.is_set() and time.monotonic() < deadline:
+            if self.notifier.wait(0.02):
+                return
+            self._housekeeping()
+
+    def run_once(self) -> bool:
+        """One pass over cdc_raw; return whether anything new was read."""
+        progressed = False
+        self.tables.reload_if_changed()
+        segments = list_segments(self.config.cdc_raw)
+        self._forget_vanished(segments)
+        for index, segment in enumerate(segments):
+            if self._stopping.is_set():
+                break
+            progress = self._progress_of(segment)
+            if progress.read_all:
+                if progress.done:
+                    self._finish(progress)
+                continue
+            extent = progress.readable_extent(segments[index + 1:], self.config.stale_segment_seconds)
+            if extent is None:
+                if segment.index_path.exists():
+                    progress.index_unreadable(self.config.stale_segment_seconds)
+                    break  # its idx was caught mid-rewrite: nothing newer before it is read again
+                continue  # 4.0+ segment without CDC data (yet): newer segments do not wait for it
+            progress.unreadable_since = None
+            limit, final = extent
+            if limit is None or limit > progress.read_position:
+                progressed |= self._read(progress, limit, final)
+            elif final:
+                progress.read_all = True
+            if not progress.read_all:
+                break  # newer segments wait until this one is complete: per-partition order
+        self._housekeeping()
+        return progressed
+
+    def _forget_vanished(self, segments: list[CdcSegment]) -> None:
+        """Drop the state of segments no longer in cdc_raw (4.0+ removes the links of segments that never held
+        CDC data), so that neither memory nor the state file grows with every segment the node writes."""
+        listed = {segment.segment_id for segment in segments}
+        for segment_id in self._progress.keys() - listed:
+            progress = self._progress.pop(segment_id)
+            if progress.index_offset is not None and not progress.done:
+                log.error("%s was removed from cdc_raw before it was completely published (acknowledged up to "
+                          "%d of %d)", progress.segment.path.name, progress.acknowledged, progress.index_offset)
+        for segment_id in self.positions.segments.keys() - listed:
+            self.positions.forget(segment_id)
+
+    # --- reading ----------------------------------------------------------------------------------
+
+    def _progress_of(self, segment: CdcSegment) -> SegmentProgress:
+        progress = self._progress.get(segment.segment_id)
+        if progress is None:
+            saved = self.positions.get(segment.segment_id)
+            if saved is None:
+                ensure_key(segment, self.keystore)
+            progress = SegmentProgress(segment, saved.position if saved else 0, self.deliveries,
+                                       self.metrics.records_published, saved.completed if saved else False,
+                                       saved.damaged if saved else False)
+            self._progress[segment.segment_id] = progress
+        return progress
+
+    def _read(self, progress: SegmentProgress, limit: int | None, final: bool) -> bool:
+        segment = progress.segment
+        read_any = False
+        start = progress.read_position
+
+        def on_damage(damage: Damage) -> None:
+            if damage.kind in WHOLE_SEGMENT_DAMAGE:
+                progress.damaged = True
+            # Each read of a live segment walks its sections from the first one again, so it meets the damage of
+            # the sections read before once more: dead-letter each damage once (before ``start``: done already).
+            where = damage_position(damage)
+            if where < start or (damage.kind, where) in progress.reported:
+                return
+            progress.reported.add((damage.kind, where))
+            self._dead_letter(progress, damage)
+        try:
+            reader = SegmentReader(segment.path, self.keystore, start=progress.read_position, limit=limit,
+                                   on_damage=on_damage, resume=progress.resume)
+        except FileNotFoundError:
+            return False  # removed meanwhile (Cassandra discards segments without CDC data)
+        except DescriptorError as error:
+            if final:
+                self._unreadable(progress, error.reason, error.offset or 0)
+            return False
+        except ValueError as error:  # a header naming a compressor or cipher nobody knows
+            if final:
+                self._unreadable(progress, str(error), 0)
+            return False
+        except CommitLogError as error:  # its key is not in the keystore
+            raise ConfigError(key_error(segment, error.reason)) from None
+        with reader:
+            try:
+                version = reader.version
+                for count, entry in enumerate(reader.entries(), 1):
+                    if not self._publish_entry(progress, version, entry):
+                        break
+                    progress.read_position = entry.position
+                    read_any = True
+                    if count % HOUSEKEEPING_ENTRIES == 0:
+                        if self._stopping.is_set():
+                            break
+                        self._checkpoint(progress)
+                        self._housekeeping()
+                progress.resume = reader.resume_point
+                # Stopped: a dead letter after the last entry may not have been queued.
+                if not self._stopping.is_set():
+                    progress.read_position = max(progress.read_position, reader.position)
+                    progress.read_all = final
+                    if limit is not None and reader.finished and reader.position < limit:
+                        self.quarantine.short_of_index(progress, reader.position, limit)
+            finally:
+                self.deliveries.seal(self._while_blocked)  # the records held back, so that they report delivery
+                self._checkpoint(progress)
+        return read_any
+
+    def _checkpoint(self, progress: SegmentProgress) -> None:
+        progress.checkpoint(self._sent)
+        self._sent = defaultdict(int)
+
+    def _publish_entry(self, progress: SegmentProgress, version: int, entry: Entry) -> bool:
+        """Send the records of an entry's updates. False if stopped before all were queued: the entry is read
+        again after the restart."""
+        try:
+            updates = split_partition_updates(entry.body, self.tables.schema, version)
+        except UnknownTableError as error:
+            if self.tables.lookup(error.table_id) is None:
+                self.metrics.skipped.inc()
+                return True
+            updates = split_partition_updates(entry.body, self.tables.schema, version)
+        except MutationDecodeError as error:
+            return self._dead_letter(progress, Damage(str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION,
+                                                      str(error), entry.section_offset, entry.section, entry.start,
+                                                      entry.body))
+        routes = []
+        for update in updates:
+            route = self.tables.route(update[:16])
+            if route is None:
+                self.metrics.skipped.inc()  # Cassandra drops the whole mutation
+                return True
+            self.metrics.mutations_read[route.name] += 1
+            if route.schema_change:
+                self.tables.schema_changed()
+            if route.published and not route.schema_published and not self._publish_schema(route):
+                return False
+            routes.append(route)
+        segment_id = progress.segment.segment_id
+        for route, update in zip(routes, updates):
+            if route.published:
+                key, value = encode_update(self._node_id, segment_id, entry.position, version, update)
+                if not self.deliveries.send(self._raw_topic, key, value, self._while_blocked):
+                    return False
+                self._sent[route.name] += 1
+        return True
+
+    def _publish_schema(self, route: Route) -> bool:
+        """Publish the schema of a route's table, before its first record; False if stopped meanwhile."""
+        route.schema_published = self.schemas.ensure_published(route.table)
+        return route.schema_published
+
+    # --- damage -----------------------------------------------------------------------------------
+
+    def _unreadable(self, progress: SegmentProgress, reason: str, file_offset: int) -> None:
+        """A segment whose header cannot be read: to the dead letters, then kept whole once acknowledged."""
+        progress.damaged = True
+        damage = Damage(str(progress.segment.path), DamageKind.UNREADABLE_HEADER, reason, file_offset, 0)
+        if self._dead_letter(progress, damage):
+            progress.read_all = True
+        self.deliveries.seal(self._while_blocked)
+        self._checkpoint(progress)
+
+    def _dead_letter(self, progress: SegmentProgress, damage: Damage) -> bool:
+        """A damaged entry or section: to the dead letters, then on. False if stopped while Kafka's queue was
+        full."""
+        if not self.quarantine.dead_letter(progress.segment, damage, self._while_blocked):
+            return False
+        self._sent["errors"] += 1
+        return True
+
+    # --- housekeeping -----------------------------------------------------------------------------
+
+    def _while_blocked(self) -> bool:
+        """Called while Kafka's queue is full: keep the bookkeeping going; True means stop waiting."""
+        self._housekeeping()
+        return self._stopping.is_set()
+
+    def _housekeeping(self) -> None:
+        self.publisher.poll(0)
+        now = time.monotonic()
+        if now - self._last_flush >= self.config.state_flush_ms / 1000:
+            self._last_flush = now
+            self._save_positions()
+        if now - self._last_space_check >= SPACE_CHECK_SECONDS:
+            self._last_space_check = now
+            self.space.check()
+
+    def _save_positions(self) -> None:
+        behind = 0
+        for segment_id, progress in self._progress.items():
+            self.positions.set(segment_id, progress.segment.path.name, progress.acknowledged, progress.done,
+                               progress.damaged)
+            if progress.index_offset is not None:
+                behind += max(0, progress.index_offset - progress.acknowledged)
+        self.positions.acknowledge(self._raw_topic, self.deliveries.acknowledged_offsets(self._raw_topic))
+        self.positions.save()
+        self.metrics.bytes_behind.set(behind)
+        self.metrics.segments_pending.set(sum(1 for p in self._progress.values() if not p.done))
+
+    def _kafka_reachability(self, reachable: bool) -> None:
+        self.metrics.kafka_reachable.set(1 if reachable else 0)
+        if reachable:
+            log.info("Kafka is reachable again: publishing resumes")
+        else:
+            log.warning("Kafka at %s is unreachable: records stay queued and reading pauses when the queue is full",
+                        self.config.kafka.bootstrap_servers)
+
+    def _finish(self, progress: SegmentProgress) -> None:
+        """A COMPLETED, fully acknowledged segment: record that durably, then clean it up (or, damaged, move
+        it whole into the quarantine)."""
+        segment = progress.segment
+        self.positions.set(segment.segment_id, segment.path.name, progress.acknowledged, completed=True,
+                           damaged=progress.damaged)
+        self.positions.save()
+        if not self.cleanup.dispose(segment, progress.damaged):
+            return
+        self.positions.forget(segment.segment_id)
+        self.positions.save()
+        del self._progress[segment.segment_id]
+
+    def _check_keys(self) -> None:
+        """Every encrypted segment still to read must decrypt with the keys given: a ConfigError otherwise."""
+        for segment in list_segments(self.config.cdc_raw):
+            saved = self.positions.get(segment.segment_id)
+            if saved is None or not saved.completed:
+                ensure_key(segment, self.keystore)

@@ -1,0 +1,239 @@
+"""Debezium-style change events: key and envelope (``before``, ``after``, ``op``, ``source``, ``ts_ms``).
+
+Two encodings: Kafka Connect JSON (``{"schema": …, "payload": …}``, as the JsonConverter writes it
+with schemas enabled) and Avro (Confluent wire format with a schema registry, otherwise a
+self-describing Avro object container holding one record). Reference: ``docs/events.md``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+import urllib.request
+from typing import Any, Callable, Literal, NamedTuple
+
+import fastavro
+
+from ..schema import ColumnKind, TableMetadata
+from .field_mapping import FieldMapping, avro_names
+
+CONNECTOR = "cassandra"
+SOURCE_VERSION = "1"
+
+Format = Literal["json", "avro"]
+Op = Literal["c", "u", "d", "r"]
+Converter = Callable[[Any], Any]
+
+_SOURCE_FIELDS: list[tuple[str, str, str, bool]] = [
+    # name, Connect type, Avro type, optional
+    ("version", "string", "string", False),
+    ("connector", "string", "string", False),
+    ("name", "string", "string", False),
+    ("cluster", "string", "string", False),
+    ("keyspace", "string", "string", False),
+    ("table", "string", "string", False),
+    ("ts_us", "int64", "long", False),
+    ("snapshot", "string", "string", False),
+    ("node", "string", "string", True),
+    ("segment", "int64", "long", True),
+    ("position", "int64", "long", True),
+]
+
+
+class Source(NamedTuple):
+    """Where a change came from: the node, segment and position of the raw record that caused it.
+
+    A named tuple: the processor makes one per record, and a frozen dataclass costs several times more.
+    """
+
+    name: str
+    cluster: str
+    keyspace: str
+    table: str
+    ts_us: int
+    snapshot: bool
+    node: str | None
+    segment: int | None
+    position: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"version": SOURCE_VERSION, "connector": CONNECTOR, "name": self.name, "cluster": self.cluster,
+                "keyspace": self.keyspace, "table": self.table, "ts_us": self.ts_us,
+                "snapshot": "true" if self.snapshot else "false", "node": self.node, "segment": self.segment,
+                "position": self.position}
+
+
+class _Column(NamedTuple):
+    name: str  # its key in a row
+    field: str  # its field in the event: the name, but in Avro a valid Avro name
+    mapping: FieldMapping
+    optional: bool
+
+
+def event_topic(server: str, table: TableMetadata) -> str:
+    return f"{server}.{table.keyspace}.{table.name}"
+
+
+class EventEncoder:
+    """Encodes the events of one table (one schema version) in one format."""
+
+    def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
+                 schema_registry: "SchemaRegistry | None" = None) -> None:
+        self.table = table
+        self.topic = event_topic(server, table)
+        self.format = fmt
+        self._name = f"{server}.{table.keyspace}.{table.name}"
+        names = tuple(c.name for c in table.columns)
+        fields = dict(zip(names, names if fmt == "json" else avro_names(names)))
+        # A partition with static values and no rows is one row with null clustering columns, as is each row
+        # of a static COMPACT STORAGE table (its clustering column is hidden). Clustering columns are optional
+        # in every table's key: adding a static column must not change the key schema, nor the key bytes.
+        self._key_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type),
+                                     optional=c.kind is ColumnKind.CLUSTERING) for c in table.primary_key]
+        self._value_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type), optional=True)
+                               for c in table.columns]
+        self._key_fields = self._fields(self._key_columns)
+        self._value_fields = self._fields(self._value_columns)
+        if fmt == "json":
+            key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False)
+            row = self._connect_struct(f"{self._name}.Value", self._value_columns, optional=True)
+            value_schema = {
+                "type": "struct", "name": f"{self._name}.Envelope", "optional": False,
+                "fields": [row | {"field": "before"}, row | {"field": "after"},
+                           {"type": "struct", "name": "cassandra_cdc.Source", "optional": False, "field": "source",
+                            "fields": [{"type": t, "optional": o, "field": n} for n, t, _, o in _SOURCE_FIELDS]},
+                           {"type": "string", "optional": False, "field": "op"},
+                           {"type": "int64", "optional": True, "field": "ts_ms"}]}
+            # The schema is most of an event's JSON and never changes: encoded once, not per event.
+            self._key_document = _ConnectDocument(key_schema)
+            self._value_document = _ConnectDocument(value_schema)
+        else:
+            namespace = _avro_namespace(self._name)
+            key_schema = self._avro_columns("Key", namespace, self._key_columns)
+            row = self._avro_columns("Value", namespace, self._value_columns)
+            value_schema = {
+                "type": "record", "name": "Envelope", "namespace": namespace,
+                "fields": [{"name": "before", "type": ["null", row], "default": None},
+                           {"name": "after", "type": ["null", f"{namespace}.Value"], "default": None},
+                           {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "cassandra_cdc",
+                                                       "fields": [{"name": n, "type": ["null", a] if o else a}
+                                                                  for n, _, a, o in _SOURCE_FIELDS]}},
+                           {"name": "op", "type": "string"},
+                           {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+            self._avro_key = fastavro.parse_schema(key_schema)
+            self._avro_value = fastavro.parse_schema(value_schema)
+            # What a registry is sent: the schemas as declared (a parsed one holds fastavro's own keys).
+            self._declared = {f"{self.topic}-key": key_schema, f"{self.topic}-value": value_schema}
+            self._registry = schema_registry
+            self._schema_ids: dict[str, int] = {}
+
+    # --- public -----------------------------------------------------------------------------------
+
+    def key(self, row: dict[str, Any]) -> bytes:
+        payload = self._row(row, self._key_fields)
+        if self.format == "json":
+            return self._key_document.encode(payload)
+        return self._avro(self._avro_key, payload, f"{self.topic}-key")
+
+    def value(self, before: dict[str, Any] | None, after: dict[str, Any] | None, op: Op, source: Source,
+              ts_ms: int) -> bytes:
+        payload = {"before": None if before is None else self._row(before, self._value_fields),
+                   "after": None if after is None else self._row(after, self._value_fields),
+                   "source": source.as_dict(), "op": op, "ts_ms": ts_ms}
+        if self.format == "json":
+            return self._value_document.encode(payload)
+        return self._avro(self._avro_value, payload, f"{self.topic}-value")
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    def _fields(self, columns: list[_Column]) -> list[tuple[str, str, Converter | None]]:
+        """Per column: its name, its field, and how its values (not None) convert to the format (None: they
+        do not)."""
+        if self.format == "json":
+            return [(c.name, c.field, c.mapping.connect_converter) for c in columns]
+        return [(c.name, c.field, c.mapping.to_avro) for c in columns]
+
+    @staticmethod
+    def _row(row: dict[str, Any], fields: list[tuple[str, str, Converter | None]]) -> dict[str, Any]:
+        converted = {}
+        for name, field, convert in fields:
+            value = row.get(name)
+            converted[field] = value if convert is None or value is None else convert(value)
+        return converted
+
+    @staticmethod
+    def _connect_struct(name: str, columns: list[_Column], optional: bool) -> dict[str, Any]:
+        return {"type": "struct", "name": name, "optional": optional,
+                "fields": [c.mapping.connect_schema(optional=c.optional, field=c.field) for c in columns]}
+
+    @staticmethod
+    def _avro_columns(name: str, namespace: str, columns: list[_Column]) -> dict:
+        """The record of a key's or a row's columns (``types._avro_record`` makes those of the CQL types)."""
+        defined: dict[str, str] = {}  # the key and the value are separate schemas: each defines its records
+        fields = []
+        for column in columns:
+            avro_type = column.mapping.avro_schema(namespace, defined)
+            fields.append({"name": column.field, "type": ["null", avro_type], "default": None}
+                          if column.optional else {"name": column.field, "type": avro_type})
+        return {"type": "record", "name": name, "namespace": namespace, "fields": fields}
+
+    def _avro(self, schema: Any, record: dict[str, Any], subject: str) -> bytes:
+        out = io.BytesIO()
+        if self._registry is None:
+            fastavro.writer(out, schema, [record])  # an object container: the schema travels along
+            return out.getvalue()
+        schema_id = self._schema_ids.get(subject)
+        if schema_id is None:  # registered once per encoder, not looked up per event
+            schema_id = self._schema_ids[subject] = self._registry.register(subject, self._declared[subject])
+        out.write(struct.pack(">bI", 0, schema_id))  # Confluent wire format: magic 0, schema id
+        fastavro.schemaless_writer(out, schema, record)
+        return out.getvalue()
+
+
+class _ConnectDocument:
+    """``{"schema": …, "payload": …}`` as the JsonConverter writes it, with the schema part encoded once.
+
+    The bytes are those of ``_json({"schema": schema, "payload": payload})``.
+    """
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self._head = b'{"schema":' + _json(schema) + b',"payload":'
+
+    def encode(self, payload: dict[str, Any]) -> bytes:
+        return b"".join((self._head, _json(payload), b"}"))  # one copy of the (large) head, not two
+
+
+class SchemaRegistry:
+    """Registers Avro schemas with a Confluent-compatible schema registry (HTTP), caching the ids."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self._ids: dict[tuple[str, str], int] = {}
+
+    def register(self, subject: str, schema: Any) -> int:
+        text = json.dumps(schema, sort_keys=True)
+        cached = self._ids.get((subject, text))
+        if cached is not None:
+            return cached
+        request = urllib.request.Request(
+            f"{self.url}/subjects/{subject}/versions", data=json.dumps({"schema": text}).encode(),
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"}, method="POST")
+        with urllib.request.urlopen(request, timeout=30) as response:
+            schema_id = int(json.loads(response.read())["id"])
+        self._ids[(subject, text)] = schema_id
+        return schema_id
+
+
+def _avro_namespace(name: str) -> str:
+    return ".".join(part if part and part[0].isalpha() else f"_{part}" for part in
+                    ("".join(c if c.isalnum() or c == "_" else "_" for c in p) for p in name.split(".")))
+
+
+# ``json.dumps`` with options builds an encoder per call, a third of the cost of encoding an event's payload;
+# and a payload built here has no cycles to check for.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+
+
+def _json(document: Any) -> bytes:
+    return _JSON_ENCODER.encode(document).encode()

@@ -1,0 +1,122 @@
+"""Table schemas as the agents publish them on the schema topic, read wherever records are decoded.
+
+The pipeline never connects to Cassandra: a raw record names its table by id, and the schema topic
+maps ids to definitions. The catalog reads the (compacted, small) topic to its end once, then only
+what was added since, each time it is refreshed: when a record names a table it does not know or a
+column its definition lacks (a schema change), and at the start of each micro-batch.
+
+Spark creates the stateful processor's handle for every micro-batch but reuses the Python worker
+processes, so ``SchemaCatalog.shared`` keeps one catalog (and its consumer) per process: a refresh is
+then a watermark request, not a new consumer reading the whole topic (about a second per batch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any, ClassVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from ..schema import Schema, TableMetadata
+from .schema_records import SchemaRecord
+from ..pipeline.kafka_source import consume_available
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_SECONDS = 10.0
+
+
+class SchemaCatalog:
+    _shared: ClassVar[dict[str, "SchemaCatalog"]] = {}
+
+    def __init__(self, bootstrap_servers: str, topic: str, consumer: dict[str, Any] | None = None) -> None:
+        self._settings = {"bootstrap.servers": bootstrap_servers, "group.id": "cassandra-cdc-schema-reader",
+                          "enable.auto.commit": False, "enable.auto.offset.store": False,
+                          "enable.partition.eof": True, "isolation.level": "read_committed", **(consumer or {})}
+        self.topic = topic
+        self.schema = Schema()
+        self._versions: dict[uuid.UUID, str] = {}
+        self._consumer: Consumer | None = None
+        self._next: dict[int, int] = {}  # partition -> next offset to read
+
+    @classmethod
+    def shared(cls, bootstrap_servers: str, topic: str, consumer: dict[str, Any] | None = None) -> "SchemaCatalog":
+        """The catalog of this process for these settings, created on first use."""
+        identity = json.dumps([bootstrap_servers, topic, consumer or {}], sort_keys=True, default=str)
+        catalog = cls._shared.get(identity)
+        if catalog is None:
+            catalog = cls._shared[identity] = cls(bootstrap_servers, topic, consumer)
+        return catalog
+
+    def table(self, table_id: uuid.UUID | bytes, refresh: bool = True) -> tuple[TableMetadata, str] | None:
+        """The latest definition of a table and its version, reading the topic again if unknown.
+
+        The id as a UUID or as its 16 bytes, which start every partition update (no UUID to build per record).
+        """
+        table = self._find(table_id)
+        if table is None and refresh and self.refresh():
+            table = self._find(table_id)
+        return None if table is None else (table, self._versions[table.id])
+
+    def _find(self, table_id: uuid.UUID | bytes) -> TableMetadata | None:
+        if isinstance(table_id, bytes):
+            return self.schema.table_by_id_bytes(table_id)
+        return self.schema.table_by_id(table_id)
+
+    def refresh(self) -> bool:
+        """Read what was added to the topic since the last refresh; return whether anything was."""
+        consumer = self._consumer
+        if consumer is None:
+            consumer = self._consumer = Consumer(self._settings)
+        metadata = consumer.list_topics(self.topic, timeout=TIMEOUT_SECONDS).topics.get(self.topic)
+        if metadata is None or metadata.error is not None:
+            if metadata is not None and metadata.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise KafkaException(metadata.error)
+            return False  # no agent has published a schema yet
+        ends = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                       timeout=TIMEOUT_SECONDS, cached=False)
+            start = max(self._next.get(partition, 0), low)
+            if high > start:
+                ends[partition] = high
+                self._next[partition] = start
+        if not ends:
+            return False
+        consumer.assign([TopicPartition(self.topic, partition, self._next[partition]) for partition in ends])
+        try:
+            while ends:
+                for message in consume_available(consumer, 1000):
+                    partition, error = message.partition(), message.error()
+                    if partition not in ends:
+                        continue
+                    if error is None:
+                        self._add(message.value())
+                        self._next[partition] = message.offset() + 1
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        continue  # librdkafka retries by itself
+                    # The end can be a compacted-away record or a transaction marker: EOF ends it too.
+                    if error is not None or self._next[partition] >= ends[partition]:
+                        del ends[partition]
+        finally:
+            consumer.unassign()
+        return True
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def _add(self, value: bytes | None) -> None:
+        if not value:
+            return
+        try:
+            record = SchemaRecord.decode(value)
+            table = record.table_metadata()
+        except (ValueError, TypeError) as error:
+            log.error("ignoring an unreadable schema record: %s", error)
+            return
+        self.schema.add_table(table)
+        self._versions[table.id] = record.version

@@ -1,0 +1,374 @@
+"""The stateful step of the pipeline: raw records in, change events out, merge state in RocksDB.
+
+PySpark's stateful APIs cost about half a millisecond per grouping key and per state access
+(docs/pipeline.md, "How it works"), so grouping by partition key would cap the pipeline at a few
+thousand records per second. Records are instead grouped by raw topic partition (the agents key the
+topic by partition key): one call per raw partition per micro-batch, one state read and one state
+write, and all of its partition keys merged in one pass over its records.
+
+The records reach the processor in one of two ways. With the Python source they are not in the rows
+at all: each row names a range of offsets of one raw topic partition (``emit=offsetRanges`` in
+source.py), and the processor reads the range itself, so that no record is converted to Arrow, shuffled
+or handed between the JVM and Python. With Spark's ``kafka`` format the rows are the records. Either
+way, the grouping key is the raw topic partition (all records of a partition key are in one), and
+records are merged in offset order.
+
+The events are written to Kafka by the processor itself, as it makes them, in one transaction per task
+(sink.py) committed in ``close``, after the task's last input and timer and before Spark commits the
+state store. Spark's output of the operator is empty.
+
+What a record costs in Python is kept to what only Python can do (decode, merge, encode):
+
+* Replica copies are not merged again: a partition's state keeps the digests of its recent updates
+  (the copies of one write are the same update bytes, so the same digest), and a copy costs the
+  header's decode and digest check only.
+* The state of a group maps each partition key to its next expiry and its pickled merge state
+  (see ``merge.py``): a batch unpickles and pickles again only the partitions it touches, and sets
+  the group's timer from the stored expiries.
+
+TTL expiry: each group registers a processing-time timer at its earliest expiry; when it fires, the
+expired cells and rows are removed and the resulting update or delete events emitted. The timer
+values come from the batch's timestamp in Spark's offset log, so a replayed batch decides alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import gc
+import json
+import logging
+import pickle
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pandas as pd
+from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
+                                                      StatefulProcessorHandle, TimerValues)
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+
+from ..storage.decode_errors import MutationDecodeError
+from ..storage.binary_io import EndOfData
+from ..schema import TableMetadata
+from ..kafka.raw_records import DIGEST_OFFSET, DIGEST_SIZE, RawRecord, RawRecordError, decode_update
+from ..kafka.schema_catalog import SchemaCatalog
+from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
+from ..merge.reconcile import PartitionState, RowChange, apply_update, expire, next_expiry
+from .event_sink import SinkSettings, Task, TaskSink, task_sink
+from .kafka_source import OffsetRange, SourceOptions, read_range
+
+log = logging.getLogger(__name__)
+
+OUTPUT_SCHEMA = StructType([StructField("events", LongType())])  # never output: the events go to Kafka from here
+_STATE_SCHEMA = StructType([StructField("partitions", BinaryType())])
+
+
+@dataclass(frozen=True)
+class ProcessorSettings:
+    server: str
+    cluster: str
+    bootstrap_servers: str
+    schema_topic: str
+    errors_topic: str
+    format: Format = "json"
+    schema_registry_url: str | None = None
+    tombstones: bool = False
+    consumer: tuple[tuple[str, Any], ...] = ()
+    sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
+    ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
+
+
+class ChangeProcessor(StatefulProcessor):
+    """Runs in the Python workers; one instance per state partition, reused across micro-batches."""
+
+    def __init__(self, settings: ProcessorSettings) -> None:
+        self.settings = settings
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        self.handle = handle
+        self.state = handle.getValueState("partitions", _STATE_SCHEMA)
+        self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
+                                            dict(self.settings.consumer))
+        self.catalog.refresh()  # each batch decodes with the definitions published before it
+        self._refreshed_for: set[bytes] = set()  # ids of tables the catalog was read again for, this batch
+        registry = SchemaRegistry(self.settings.schema_registry_url) if self.settings.schema_registry_url else None
+        self._registry = registry
+        self._encoders: dict[tuple[Any, str], EventEncoder] = {}
+        self._sink: TaskSink | None = None  # opened by the task's first event
+
+    # --- Spark callbacks --------------------------------------------------------------------------
+
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
+        now_ms = timerValues.getCurrentProcessingTimeInMs()
+        with self._aborted_on_failure(), _collector_paused():
+            partitions = self._load()
+            for record_key, value in self._records(rows):
+                self._apply(partitions, record_key, value, now_ms)
+            self._save(partitions, now_ms)
+        return iter(())
+
+    def handleExpiredTimer(self, key: Any, timerValues: TimerValues,
+                           expiredTimerInfo: ExpiredTimerInfo) -> Iterator[pd.DataFrame]:
+        now_ms = timerValues.getCurrentProcessingTimeInMs()
+        now_seconds = now_ms // 1000
+        with self._aborted_on_failure():
+            partitions = self._load()
+            if partitions.timer != _TIMER_NOT_RECORDED:
+                partitions.timer = None  # the group's one timer fired: Spark has removed it
+            for record_key, state in partitions.due(now_seconds):
+                expiry = next_expiry(state)
+                if expiry is None or expiry > now_seconds:
+                    continue  # the stored expiry was early: what it was for was deleted since
+                found = self.catalog.table(record_key[:16])
+                if found is None:
+                    continue
+                table, version = found
+                changes = expire(state, table, now_seconds)
+                source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name,
+                                expiry * 1_000_000, False, None, None, None)
+                self._emit(table, version, changes, source, False, now_ms)
+                if state.is_empty():
+                    partitions.remove(record_key)
+            self._save(partitions, now_ms)
+        return iter(())
+
+    def close(self) -> None:
+        """The task's end: its events committed to Kafka before Spark commits the state store."""
+        if self._sink is not None:
+            with self._aborted_on_failure():
+                self._sink.commit()
+            self._sink = None
+
+    # --- input and output -------------------------------------------------------------------------
+
+    def _records(self, rows: Iterator[pd.DataFrame]) -> Iterator[tuple[bytes, bytes]]:
+        """``(key, value)`` of the group's raw records in offset order, read from Kafka when the rows
+        name offset ranges."""
+        frames = list(rows)
+        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        ranges = self.settings.ranges
+        if ranges is None:
+            batch = batch.sort_values(["partition", "offset"], kind="stable")
+            yield from zip(batch["key"].tolist(), batch["value"].tolist())
+            return
+        for partition, start, end in sorted(zip(batch["partition"].tolist(), batch["startOffset"].tolist(),
+                                                batch["endOffset"].tolist())):
+            for messages in read_range(ranges, OffsetRange(partition, start, end)):
+                for message in messages:
+                    yield message.key(), message.value()
+
+    def _output(self) -> TaskSink:
+        if self._sink is None:
+            if self.settings.sink is None:
+                raise RuntimeError("this processor has no sink settings: it cannot write events")
+            self._sink = task_sink(self.settings.sink, Task.current())
+        return self._sink
+
+    @contextlib.contextmanager
+    def _aborted_on_failure(self) -> Iterator[None]:
+        """A task that fails leaves nothing committed: its retry writes everything again."""
+        try:
+            yield
+        except BaseException:
+            if self._sink is not None:
+                self._sink.abort()
+                self._sink = None
+            raise
+
+    def _error(self, record_key: bytes, value: bytes, reason: str) -> None:
+        report = {"reason": reason, "key": base64.b64encode(record_key).decode(),
+                  "value": base64.b64encode(value).decode(), "ts_ms": int(time.time() * 1000)}
+        self._output().produce(self.settings.errors_topic, record_key, json.dumps(report).encode())
+
+    # --- merging ----------------------------------------------------------------------------------
+
+    def _apply(self, partitions: "_Partitions", record_key: bytes, value: bytes, now_ms: int) -> None:
+        try:
+            record = RawRecord.decode(value)
+        except RawRecordError as error:
+            self._error(record_key, value, str(error))
+            return
+        state = partitions.get(record_key)
+        digest = value[DIGEST_OFFSET:DIGEST_OFFSET + DIGEST_SIZE]  # checked against the update by decode: no MD5 again
+        if state is not None and state.seen(digest):
+            return  # another replica's copy of an update already merged
+        table_version = self._decode(record_key, record)
+        if isinstance(table_version, str):
+            self._error(record_key, value, table_version)
+            return
+        table, version, update = table_version
+        if state is None:
+            state = partitions.add(record_key)
+        changes = apply_update(state, update, table, now_ms // 1000, digest)
+        source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name, record.write_time,
+                        record.snapshot, record.node_id, record.segment_id, record.position)
+        self._emit(table, version, changes, source, record.snapshot, now_ms)
+
+    def _decode(self, record_key: bytes, record: RawRecord) -> tuple[TableMetadata, str, Any] | str:
+        """The record's table and decoded partition update, or the reason it cannot be decoded.
+
+        An unknown table, or a column its known definition lacks, means the schema topic has news (the
+        agents publish a definition before the records that need it): read it again, once per table and
+        batch, so that a run of records no definition will explain costs no more than one read.
+        """
+        table_id = record.update[:16]
+        reason: str | None = None
+        for attempt in range(2):
+            if attempt:
+                if table_id in self._refreshed_for:
+                    break
+                self._refreshed_for.add(table_id)
+                if not self.catalog.refresh():
+                    break
+            found = self.catalog.table(table_id, refresh=False)
+            if found is None:
+                continue
+            try:
+                update = decode_update(record_key, record, self.catalog.schema)
+                return found[0], found[1], update
+            except (MutationDecodeError, EndOfData, ValueError, IndexError, KeyError) as error:
+                reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
+        return reason or (f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topic "
+                          f"{self.settings.schema_topic}")
+
+    def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
+              now_ms: int) -> None:
+        if not changes:
+            return
+        out = self._output()
+        encoder = self._encoders.get((table.id, version))
+        if encoder is None:
+            encoder = self._encoders[(table.id, version)] = EventEncoder(self.settings.server, table,
+                                                                         self.settings.format, self._registry)
+        for change in changes:
+            before, after = change.before, change.after
+            if before is None:
+                op = "r" if snapshot else "c"
+            elif after is None:
+                op = "d"
+            else:
+                op = "u"
+            key = encoder.key(after if after is not None else before)  # type: ignore[arg-type]
+            out.produce(encoder.topic, key, encoder.value(before, after, op, source, now_ms))
+            if op == "d" and self.settings.tombstones:
+                out.produce(encoder.topic, key, None)
+
+    # --- state ------------------------------------------------------------------------------------
+
+    def _load(self) -> "_Partitions":
+        return _Partitions.load(self.state.get()[0] if self.state.exists() else None)
+
+    def _save(self, partitions: "_Partitions", now_ms: int) -> None:
+        """Store the group's state, with its one timer at the earliest expiry of its partitions.
+
+        The group's state records its timer: every state call costs ~0.4 ms, and asking Spark for the
+        timers (``listTimers``) also costs the JVM the code generation of a timer encoder, per group and
+        batch. An unchanged timer is left alone.
+        """
+        partitions.seal()
+        expiry = partitions.earliest_expiry()
+        wanted = None if expiry is None else max(expiry * 1000, now_ms + 1)
+        if partitions.timer == _TIMER_NOT_RECORDED:
+            registered = list(self.handle.listTimers())
+        else:
+            registered = [] if partitions.timer is None else [partitions.timer]
+        if registered != ([] if wanted is None else [wanted]):
+            for timer in registered:
+                self.handle.deleteTimer(timer)
+            if wanted is not None:
+                self.handle.registerTimer(wanted)
+        partitions.timer = wanted
+        stored = partitions.dump()
+        if stored is None:
+            self.state.clear()
+        else:
+            self.state.update((stored,))
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a batch is merged, back on (if it was) afterwards.
+
+    Merging allocates dozens of containers per record (updates, rows, cells, events) and keeps the opened
+    merge states until the batch ends, none of them in reference cycles. Counted towards the collector's
+    thresholds, they set off collections, full ones walking every object of the worker: a seventh of the
+    processor's time in its benchmark. Paused, the collector catches up with one young collection after.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+# The timer of a group stored before groups recorded theirs: Spark is asked.
+_TIMER_NOT_RECORDED = -1
+
+
+class _Partitions:
+    """The merge states of one group's partitions, each pickled on its own, its next expiry beside it,
+    and the group's timer.
+
+    A micro-batch touches some of a group's partitions: only those are unpickled and pickled again,
+    the others stay bytes (copied, never decoded), and the timer is set from the stored expiries.
+    """
+
+    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]], timer: int | None = None) -> None:
+        self._stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
+        self._opened: dict[bytes, PartitionState] = {}
+        self.timer = timer  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
+
+    @classmethod
+    def load(cls, value: bytes | None) -> "_Partitions":
+        """A group's state value as ``dump`` made it (None: the group has no state)."""
+        if value is None:
+            return cls({})
+        stored = pickle.loads(value)
+        if isinstance(stored, dict):  # stored before groups recorded their timer
+            return cls(stored, _TIMER_NOT_RECORDED)
+        timer, partitions = stored
+        return cls(partitions, timer)
+
+    def get(self, key: bytes) -> PartitionState | None:
+        state = self._opened.get(key)
+        if state is None and key in self._stored:
+            stored = pickle.loads(self._stored[key][1])
+            # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
+            state = stored if isinstance(stored, PartitionState) else PartitionState.from_stored(stored)
+            self._opened[key] = state
+        return state
+
+    def add(self, key: bytes) -> PartitionState:
+        state = self._opened[key] = PartitionState()
+        return state
+
+    def remove(self, key: bytes) -> None:
+        self._opened.pop(key, None)
+        self._stored.pop(key, None)
+
+    def due(self, now_seconds: int) -> list[tuple[bytes, PartitionState]]:
+        """The partitions whose stored expiry has come, opened."""
+        keys = [key for key, (expiry, _) in self._stored.items() if expiry is not None and expiry <= now_seconds]
+        return [(key, self.get(key)) for key in keys]  # type: ignore[misc]
+
+    def seal(self) -> None:
+        """Pickle the opened partitions again (and note their next expiries)."""
+        for key, state in self._opened.items():
+            stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
+            self._stored[key] = (next_expiry(state), stored)
+        self._opened.clear()
+
+    def dump(self) -> bytes | None:
+        """The group's state value, sealed first; None when the group has no partitions."""
+        self.seal()
+        if not self._stored:
+            return None
+        return pickle.dumps((self.timer, self._stored), protocol=pickle.HIGHEST_PROTOCOL)
+
+    def earliest_expiry(self) -> int | None:
+        return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)

@@ -1,0 +1,478 @@
+"""Writing a task's events to Kafka from the task that makes them: exactly once with transactions, or at
+least once.
+
+The stateful processor (processor.py) writes the events of each task of each micro-batch itself, as it
+makes them, instead of handing them to Spark for a separate sink stage::
+
+    sink = task_sink(SinkSettings("127.0.0.1:9092", commit_topic="cdc.pipeline-commits"), Task.current())
+    sink.produce("cdc.shop.orders", key, value)       # any number of times
+    sink.commit()                                      # at the end of the task (``abort()`` when it fails)
+
+``producer`` adds librdkafka producer settings (security, ``transaction.timeout.ms``...);
+``topic_partitions`` makes the tasks create the topics they write to that do not exist yet, with that
+many partitions (None: the topics must exist, or the broker creates them on its own terms).
+
+Exactly once (``exactly_once=True``): for ``isolation.level=read_committed`` consumers
+------------------------------------------------------------------------------------
+The task for state partition ``p`` of batch ``b`` writes in one Kafka transaction
+(``transactional.id = "<query_name>-<p>"``) that holds its records *and* a marker record keyed
+``"<query_name>-<p>"`` with value ``{"batch_id": b, ...}`` in the compacted ``commit_topic``. The task
+commits the transaction when it has processed all its input, before Spark commits its state store.
+Before its first record, the task reads the last committed marker of its key (read_committed,
+incrementally, cached per Python worker): if it is ``>= b``, the partition was already committed before
+a crash, and the task writes nothing (it still merges, to rebuild the state Spark did not commit).
+Otherwise it registers its transactional id, which fences an older attempt still running with the
+same id and completes or aborts its open transaction. So when Spark replays a batch (a failed task, a
+driver restart between the commit and the checkpoint's commit log), every partition is committed once.
+A Python worker keeps its registered producers for the next batches, as long as no other process
+committed under their id meanwhile (see ``_TransactionalProducer``).
+
+What consumers get:
+
+- ``isolation.level=read_committed``: every record of every batch exactly once, in the order each
+  task produced it; records of a failed or replayed attempt are never visible.
+- ``read_uncommitted`` (Kafka's default): at least once; records of aborted attempts are visible too.
+- A batch is not atomic across partitions: a read_committed consumer can see partition 0 of batch 7
+  before partition 1 of batch 7 is committed (or while it is being replayed after a crash).
+
+What it relies on:
+
+- A replayed task must make the same records as the first attempt. It does: its input is the same
+  offsets of the raw topic (fixed in Spark's offset log), its state the same version of the state
+  store, and its clock the batch's timestamp from the offset log.
+- Values computed at write time differ between attempts. An event's ``ts_ms`` (the time the job built
+  it) is that of the attempt that committed. Deduplicate on the event's source position, never on
+  ``ts_ms``.
+- ``query_name`` names one checkpoint: markers also carry the streaming query's id (kept in the
+  checkpoint), and markers of another query id are ignored, so a new checkpoint under the same name
+  writes from batch 0 again (with the duplicates any reprocessing implies) instead of skipping batches.
+- The whole task must be written within ``transaction.timeout.ms`` (60 s by default here); bound the
+  batch size (``maxOffsetsPerTrigger``) accordingly.
+- Plain Kafka protocol only (transactions since Kafka 0.11, KIP-98). The commit topic is created
+  (1 partition, ``cleanup.policy=compact``) if it does not exist.
+
+On noida-db 0.2.3 (the test broker) transactions, fencing and last stable offsets work, but its fetch
+responses list every aborted transaction of a partition, even those that ended before the fetched
+range (Kafka lists only overlapping ones). A read_committed consumer (librdkafka, and the Java client
+by the same logic) then takes the later committed batches of a producer that once aborted on that
+partition for aborted ones and skips them when they come in a later fetch response than the abort
+marker. After a failed task, its transactional id's later output can thus be hidden from
+read_committed readers on noida-db, and this sink's own marker lookups can miss markers (a replay in
+another process then writes the partition again: at least once). Not an issue with Kafka; on noida-db
+use ``exactly_once=False`` where a run includes failures. tests/test_pipeline_io.py tracks the bug.
+
+At least once (``exactly_once=False``): each task produces with an idempotent producer (``acks=all``)
+kept by its worker, and at its end flushes and fails if any record was not delivered; a replayed task
+writes again (duplicates).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark import TaskContext
+
+from .kafka_source import consume_range
+
+log = logging.getLogger(__name__)
+
+# Local properties Spark sets on every job of a streaming query's micro-batch.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+TIMEOUT = 60.0
+COMMIT_ATTEMPTS = 3
+
+
+class SinkError(RuntimeError):
+    """A task's records could not be written; Spark retries the task or fails the query."""
+
+
+@dataclass(frozen=True)
+class SinkSettings:
+    bootstrap_servers: str
+    commit_topic: str
+    query_name: str = "cassandra-cdc"
+    exactly_once: bool = True
+    producer: tuple[tuple[str, Any], ...] = ()  # extra librdkafka settings, as pairs: the settings are hashable
+    topic_partitions: int | None = None
+
+    def producer_settings(self, **settings: Any) -> dict[str, Any]:
+        """Defaults, then ``producer``, then ``settings`` (what the sink's guarantee needs)."""
+        config: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            # A task's commit (or flush) sends what is left at once, whatever linger.ms: a longer linger only
+            # makes fewer, larger batches of the events a task sends as it goes. 5 -> 100 ms: the broker's CPU
+            # in the throughput benchmark 9.4-9.7 -> 7.2-8.4 s, steady batches 5.0 -> 4.6 s per 250k records.
+            "linger.ms": 100,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 1_000_000,
+            "transaction.timeout.ms": 60_000,
+            # A new producer connects to the brokers the bootstrap metadata names only after half of this
+            # (100 ms by default): 50 of the 53 ms of a new transactional producer's init_transactions,
+            # paid whenever a state partition's task lands in another Python worker than last batch.
+            # Reconnections after a failure still back off exponentially, to reconnect.backoff.max.ms.
+            "reconnect.backoff.ms": 10,
+        }
+        config.update(self.producer)
+        config.update(settings)
+        return config
+
+    def admin_settings(self) -> dict[str, Any]:
+        return {key: value for key, value in self.producer_settings().items()
+                if key.startswith(("bootstrap.", "security.", "sasl.", "ssl.", "client."))}
+
+
+@dataclass(frozen=True)
+class Task:
+    """Which task of which micro-batch of which query writes."""
+    batch_id: int
+    partition: int
+    query_id: str | None
+
+    @classmethod
+    def current(cls) -> "Task":
+        """The Spark task running in this Python worker."""
+        context = TaskContext.get()
+        batch_id = None if context is None else context.getLocalProperty(BATCH_ID_PROPERTY)
+        if context is None or batch_id is None:
+            raise SinkError("not in a task of a streaming query's micro-batch: no batch id to write under")
+        return cls(int(batch_id), context.partitionId(), context.getLocalProperty(QUERY_ID_PROPERTY))
+
+
+class TaskSink(ABC):
+    """The records of one task: ``produce`` them, then ``commit`` (or ``abort`` when the task fails)."""
+
+    def __init__(self, settings: SinkSettings, task: Task) -> None:
+        self.settings = settings
+        self.task = task
+        self.records = 0
+        self._on_delivery: Callable[[KafkaError | None, Message], None] | None = None  # delivery reports wanted
+
+    def produce(self, topic: str, key: bytes | None, value: bytes | None) -> None:
+        producer = self._producer()
+        if producer is None:
+            return
+        if self.settings.topic_partitions is not None and topic not in _EXISTING_TOPICS:
+            ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions)
+            _EXISTING_TOPICS.add(topic)
+        while True:
+            try:
+                producer.produce(topic, value, key, on_delivery=self._on_delivery)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.05)
+        self.records += 1
+        if not self.records % 1000:
+            producer.poll(0)
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make what was produced durable (and, exactly once, visible), or raise ``SinkError``."""
+
+    def abort(self) -> None:
+        """The task failed: what it produced must not count (exactly once) or may be sent again."""
+
+    @abstractmethod
+    def _producer(self) -> Producer | None:
+        """The producer to write with, or None when the task's records are already committed."""
+
+
+class TransactionalTaskSink(TaskSink):
+    """Exactly-once output per task for read_committed consumers (see the module doc)."""
+
+    def __init__(self, settings: SinkSettings, task: Task) -> None:
+        super().__init__(settings, task)
+        self.key = f"{settings.query_name}-{task.partition}"
+        self.skipped = False  # committed by an earlier attempt: nothing to write
+        self._transaction: _TransactionalProducer | None = None
+
+    def _producer(self) -> Producer | None:
+        if self._transaction is None and not self.skipped:
+            try:
+                self._begin()
+            except KafkaException as error:
+                raise self._failure("starting", error) from error
+        return None if self._transaction is None else self._transaction.kafka
+
+    def _begin(self) -> None:
+        settings, task = self.settings, self.task
+        if settings.commit_topic not in _EXISTING_TOPICS:
+            ensure_topic(settings.admin_settings(), settings.commit_topic, partitions=1, compacted=True)
+            _EXISTING_TOPICS.add(settings.commit_topic)
+        commits = _CommitLog.of(settings.admin_settings(), settings.commit_topic)
+        # Committed before a crash: skip without registering the id, which would fence the producer
+        # another worker keeps for it.
+        committed = commits.last_batch(self.key, task.query_id)
+        if not _at_or_after(committed, task.batch_id):
+            producer_settings = settings.producer_settings(**{"transactional.id": self.key,
+                                                              "enable.idempotence": True, "acks": "all"})
+            transaction = _TransactionalProducer.of(producer_settings, task.query_id, committed, commits)
+            if not _at_or_after(transaction.last_committed, task.batch_id):
+                transaction.begin()
+                self._transaction = transaction
+                return
+        self.skipped = True
+        log.info("batch %d: partition %d was already committed to Kafka; not written again", task.batch_id,
+                 task.partition)
+
+    def commit(self) -> None:
+        transaction = self._transaction
+        if transaction is None:
+            return  # nothing written, or skipped: nothing to remember (a replay has nothing either)
+        task = self.task
+        marker = {"query": self.settings.query_name, "query_id": task.query_id, "partition": task.partition,
+                  "batch_id": task.batch_id, "records": self.records}
+        try:
+            transaction.kafka.produce(self.settings.commit_topic, json.dumps(marker).encode(), self.key.encode())
+            transaction.commit(task.batch_id)
+        except KafkaException as error:
+            self.abort()
+            raise self._failure("committing", error) from error
+        finally:
+            self._transaction = None
+
+    def abort(self) -> None:
+        if self._transaction is not None:
+            self._transaction.abort()
+            self._transaction = None
+
+    def _failure(self, doing: str, error: KafkaException) -> SinkError:
+        return SinkError(f"{doing} batch {self.task.batch_id} partition {self.task.partition} in Kafka "
+                         f"transaction {self.key} failed: {error}")
+
+
+def _at_or_after(committed: int | None, batch_id: int) -> bool:
+    return committed is not None and committed >= batch_id
+
+
+class _TransactionalProducer:
+    """The producer of one transactional id, kept by a Python worker process across micro-batches.
+
+    Creating a producer and registering its id (``init_transactions``) costs a connection and
+    coordinator round trips, in every partition of every batch if done each time. Workers outlive
+    batches, so each keeps its producers. Registering an id fences every older producer of it and
+    completes or aborts its open transaction; after that, what is committed under the id can change
+    only through this producer. So a kept producer is reused only while the commit topic's last marker
+    for its id is still the one it knew: another process that wrote the partition since (after
+    fencing this producer) committed a newer one, and this producer is replaced. (A task that finds its
+    batch committed already skips it without registering the id, so as not to fence a kept producer
+    without a marker saying so. One that registers the id and then fails does fence it that way: the
+    next write of that kept producer fails, which drops it, and Spark's retry of the task succeeds.)
+    """
+
+    _instances: ClassVar[dict[tuple[str, str | None], "_TransactionalProducer"]] = {}
+
+    @classmethod
+    def of(cls, settings: dict[str, Any], query_id: str | None, committed: int | None,
+           commits: "_CommitLog") -> "_TransactionalProducer":
+        """This process's registered producer for ``settings["transactional.id"]``, given the last batch
+        ``committed`` under that id (the commit topic's last marker)."""
+        identity = (json.dumps(settings, sort_keys=True, default=str), query_id)
+        kept = cls._instances.get(identity)
+        if kept is not None and kept.last_committed == committed and not kept.in_transaction:
+            return kept
+        if kept is not None:  # fenced, or left in a transaction by a task that died: let it go
+            kept.abort()
+        producer = cls._instances[identity] = cls(settings, identity)
+        # Read the markers only now that older attempts are fenced: none can commit behind our back.
+        producer.last_committed = commits.last_batch(producer.key, query_id)
+        return producer
+
+    def __init__(self, settings: dict[str, Any], identity: tuple[str, str | None]) -> None:
+        self.key: str = settings["transactional.id"]
+        self._identity = identity
+        self.last_committed: int | None = None  # the last batch committed under this id, as far as known
+        self.in_transaction = False
+        self.kafka = Producer(settings)
+        # Right after it starts, librdkafka swaps its bootstrap connection for the brokers the first metadata
+        # names; a coordinator lookup that falls in between finds no broker and is retried 500 ms later (one
+        # init_transactions in seven on a loaded machine, measured). The metadata asked for first, the swap is
+        # over before the lookup (none in a hundred).
+        self.kafka.list_topics(timeout=TIMEOUT)
+        self.kafka.init_transactions(TIMEOUT)
+
+    def begin(self) -> None:
+        self.kafka.begin_transaction()
+        self.in_transaction = True
+
+    def commit(self, batch_id: int) -> None:
+        """Commit the open transaction (the caller aborts it when this fails)."""
+        for attempt in range(1, COMMIT_ATTEMPTS + 1):
+            try:
+                self.kafka.commit_transaction(TIMEOUT)
+                break
+            except KafkaException as error:
+                if not error.args[0].retriable() or attempt == COMMIT_ATTEMPTS:
+                    raise
+        self.in_transaction = False
+        self.last_committed = batch_id
+
+    def abort(self) -> None:
+        """Abort the open transaction, and drop this producer: what it last committed is unknown now."""
+        if self._instances.get(self._identity) is self:
+            del self._instances[self._identity]
+        if not self.in_transaction:
+            return
+        self.in_transaction = False
+        try:
+            self.kafka.abort_transaction(TIMEOUT)
+        except KafkaException as error:
+            # Fatal (fenced by a newer attempt) or the broker is gone: the broker aborts the transaction
+            # when its timeout expires or the next attempt registers the same transactional id.
+            log.warning("could not abort transaction %s: %s", self.key, error)
+
+
+class _CommitLog:
+    """The last committed batch per marker key, read (read_committed) from the commit topic.
+
+    One per Python worker process and commit topic: each lookup first reads the markers committed since
+    the previous one, so it is never stale however many processes write to the topic.
+    """
+
+    _instances: dict[tuple[str, str], "_CommitLog"] = {}
+
+    @classmethod
+    def of(cls, settings: dict[str, Any], topic: str) -> "_CommitLog":
+        identity = (json.dumps(settings, sort_keys=True, default=str), topic)
+        if identity not in cls._instances:
+            cls._instances[identity] = cls(settings, topic)
+        return cls._instances[identity]
+
+    def __init__(self, settings: dict[str, Any], topic: str) -> None:
+        self.topic = topic
+        self._consumer = Consumer({**settings, "group.id": f"cdc-sink-commits-{uuid.uuid4().hex}",
+                                   "isolation.level": "read_committed", "enable.auto.commit": False,
+                                   "enable.auto.offset.store": False, "enable.partition.eof": True,
+                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 50})
+        self._positions: dict[int, int] = {}
+        self._last: dict[tuple[str, str | None], int] = {}
+
+    def last_batch(self, key: str, query_id: str | None) -> int | None:
+        self._catch_up()
+        return self._last.get((key, query_id))
+
+    def partitions_committed(self, query_name: str) -> int:
+        """How many state partitions of streaming queries named ``query_name`` committed a batch here,
+        under any query id (any checkpoint)."""
+        self._catch_up()
+        return len({key for key, _ in self._last if key.rpartition("-")[0] == query_name})
+
+    def close(self) -> None:
+        self._consumer.close()
+        for identity, instance in list(self._instances.items()):
+            if instance is self:
+                del self._instances[identity]
+
+    def remember(self, key: str, query_id: str | None, batch_id: int) -> None:
+        identity = (key, query_id)
+        self._last[identity] = max(batch_id, self._last.get(identity, batch_id))
+
+    def _catch_up(self) -> None:
+        metadata = self._consumer.list_topics(self.topic, timeout=TIMEOUT).topics[self.topic]
+        if metadata.error is not None:
+            raise KafkaException(metadata.error)
+        for partition in sorted(metadata.partitions):
+            low, end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+                                                            timeout=TIMEOUT, cached=False)
+            start = max(self._positions.get(partition, 0), low)
+            if start >= end:
+                continue
+            self._consumer.assign([TopicPartition(self.topic, partition, start)])
+            try:
+                for records in consume_range(self._consumer, self.topic, partition, start, end, TIMEOUT):
+                    for record in records:
+                        self._read_marker(record)
+            finally:
+                # An assigned consumer keeps fetching between lookups (and a broker that answers fetches
+                # at the end of a partition at once makes that a busy loop on both sides).
+                self._consumer.unassign()
+            self._positions[partition] = end
+
+    def _read_marker(self, record: Message) -> None:
+        key = record.key().decode(errors="replace") if record.key() else None
+        try:
+            marker = json.loads(record.value())
+            batch_id = int(marker["batch_id"])
+        except (TypeError, ValueError, KeyError):
+            return  # a tombstone (a deleted marker) or a record some other tool wrote
+        if key is not None:
+            self.remember(key, marker.get("query_id"), batch_id)
+
+
+def ensure_topic(settings: dict[str, Any], topic: str, partitions: int, compacted: bool = False) -> None:
+    """Create ``topic`` unless it exists (replication: the broker's default)."""
+    admin = AdminClient(settings)
+    if topic in admin.list_topics(timeout=TIMEOUT).topics:
+        return
+    config = {"cleanup.policy": "compact"} if compacted else {}
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, config=config)],
+                                 request_timeout=TIMEOUT)[topic]
+    try:
+        future.result(TIMEOUT)
+        log.info("created topic %s (%d partition(s)%s)", topic, partitions,
+                 ", compacted" if compacted else "")
+    except KafkaException as error:
+        if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # created meanwhile by someone else
+            raise SinkError(f"cannot create topic {topic}: {error}") from error
+
+
+# Topics known to exist, per Python worker process: a task asks Kafka only about topics new to it.
+_EXISTING_TOPICS: set[str] = set()
+
+
+class AtLeastOnceTaskSink(TaskSink):
+    """Every record of every task at least once: a replayed task writes again."""
+
+    _producers: ClassVar[dict[str, Producer]] = {}  # one idempotent producer per worker process and settings
+
+    def __init__(self, settings: SinkSettings, task: Task) -> None:
+        super().__init__(settings, task)
+        self._failures: list[KafkaError] = []
+        self._on_delivery = self._delivered
+        producer_settings = settings.producer_settings(**{"enable.idempotence": True, "acks": "all"})
+        identity = json.dumps(producer_settings, sort_keys=True, default=str)
+        if identity not in self._producers:
+            self._producers[identity] = Producer(producer_settings)
+        self._kafka = self._producers[identity]
+
+    def _producer(self) -> Producer:
+        return self._kafka
+
+    def _delivered(self, error: KafkaError | None, _: Message) -> None:
+        if error is not None:
+            self._failures.append(error)
+
+    def commit(self) -> None:
+        if not self.records:
+            return
+        producer = self._kafka
+        # librdkafka fails each record after message.timeout.ms (5 min by default): flush ends by then.
+        while producer.flush(1.0) and not self._failures:
+            pass
+        if self._failures:
+            raise SinkError(f"batch {self.task.batch_id} partition {self.task.partition}: {len(self._failures)} of "
+                            f"{self.records} records were not delivered, e.g. {self._failures[0]}")
+
+
+def partitions_committed(settings: SinkSettings) -> int:
+    """How many state partitions of the query ``settings.query_name`` committed output transactions to
+    Kafka, as their markers in the commit topic say (0 when it does not exist)."""
+    admin = settings.admin_settings()
+    if settings.commit_topic not in AdminClient(admin).list_topics(timeout=TIMEOUT).topics:
+        return 0
+    return _CommitLog.of(admin, settings.commit_topic).partitions_committed(settings.query_name)
+
+
+def task_sink(settings: SinkSettings, task: Task) -> TaskSink:
+    return TransactionalTaskSink(settings, task) if settings.exactly_once else AtLeastOnceTaskSink(settings, task)
+
+
+__all__ = ["AtLeastOnceTaskSink", "SinkError", "SinkSettings", "Task", "TaskSink", "TransactionalTaskSink",
+           "ensure_topic", "partitions_committed", "task_sink"]

@@ -1,0 +1,94 @@
+"""The SparkSession the pipeline runs in, and the reason for each of its settings.
+
+- Python workers run this interpreter (``sys.executable``): otherwise they start the system python,
+  which has no pyarrow, and fail later with a misleading "Python worker failed to connect back".
+  A variable already set (spark-submit, a cluster's environment) is left alone.
+- State lives in RocksDB (required by ``transformWithState``); the number of shuffle partitions is the
+  number of state stores and is fixed in the checkpoint, so it is small (the default 200 is far too
+  many on a few cores) and must not change for an existing checkpoint.
+- RocksDB commits write a changelog of the batch's changes, and snapshots are made in the background
+  every few batches: without it, every micro-batch copies, zips and syncs a snapshot of each state
+  store (0.5-0.7 s a batch measured, most of a small batch's time). Spark switches an existing
+  checkpoint over on its own.
+- With a local master, checkpoint files are written through Hadoop's ``FileSystem`` API, not
+  ``FileContext``: without Hadoop's native library (pip's PySpark has none), every ``FileContext``
+  rename starts ``readlink`` processes. Measured per micro-batch: the RocksDB changelog commit 214 → 1 ms,
+  the offset log 82 → 30 ms, the commit log 120 → 35 ms. On the local file system both rename
+  atomically.
+- Python workers fork from ``cassandra_cdc.pipeline.worker_daemon``, which has pandas, pyarrow and the
+  pipeline imported already (see that module).
+- Local masters bind to loopback. No UI, warnings-only logs, Arrow for pandas conversions, UTC session
+  time zone.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+KAFKA_SOURCE_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+FILE_SYSTEM_CHECKPOINT_FILES = \
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+WORKER_DAEMON = "cassandra_cdc.pipeline.worker_daemon"
+
+
+def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shuffle_partitions: int = 2,
+                  extra_conf: dict[str, Any] | None = None) -> SparkSession:
+    """Get (or create) the session; ``extra_conf`` is applied last and wins over every default here.
+
+    ``getOrCreate`` returns an already running session as is, except for runtime SQL settings it
+    can still change: static settings (master, UI, provider class) only take effect in a new session.
+    """
+    for variable in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        os.environ.setdefault(variable, sys.executable)
+    conf: dict[str, Any] = {
+        "spark.sql.shuffle.partitions": shuffle_partitions,
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": True,
+        "spark.ui.enabled": False,
+        "spark.ui.showConsoleProgress": False,
+        "spark.sql.execution.arrow.pyspark.enabled": True,
+        "spark.sql.session.timeZone": "UTC",
+        "spark.python.daemon.module": WORKER_DAEMON,
+    }
+    if master.startswith("local"):
+        # Everything is on this host: no warning that the hostname resolves to a loopback address.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINT_FILES
+        # The records never pass through the JVM (the merge reads them from Kafka itself), so the JVM's
+        # work is planning and bookkeeping, which C2 compilation costs more CPU than it saves: on two
+        # cores it took a quarter of the CPU of a throughput run (benchmarks/RESULTS.md).
+        conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
+    conf.update(extra_conf or {})
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def kafka_format_available(spark: SparkSession) -> bool:
+    """Whether Spark's own ``format("kafka")`` can be used (its connector jar is on the classpath).
+
+    Without the jar, ``readStream.format("kafka")`` fails only when the query starts
+    (``KAFKA_DATA_SOURCE_NOT_ENABLED``); the pipeline then uses ``cdc-kafka`` (pipeline.source) instead.
+    Never raises: a session without a JVM gateway (Spark Connect) answers False.
+    """
+    try:
+        jvm = spark._jvm  # type: ignore[attr-defined]
+        if jvm is None:
+            return False
+        # The context class loader sees jars added with spark.jars / --jars, the system one does not.
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(KAFKA_SOURCE_PROVIDER, False, loader)
+        return True
+    except Exception:  # Py4JJavaError (ClassNotFoundException), Py4JError, AttributeError
+        return False
+
+
+__all__ = ["kafka_format_available", "spark_session"]

@@ -1,0 +1,242 @@
+"""The pipeline job: raw topic → merge per partition (RocksDB state) → per-table event topics.
+
+The same code runs in ``local[*]`` and under ``spark-submit``: ``cassandra-cdc pipeline`` builds the
+session itself; under spark-submit the session's master and settings come from spark-submit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from .pipeline_config import ConfigError, PipelineConfig
+from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
+from .event_sink import SinkSettings, partitions_committed
+from .kafka_source import KafkaDataSource, SourceOptions
+from .spark_session import kafka_format_available, spark_session
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "cassandra-cdc"
+
+
+# Raw topic partitions the job can group by; the agents' default is 12.
+MAX_RAW_PARTITIONS = 1024
+METADATA_TIMEOUT = 30.0
+
+
+def read_raw(spark: SparkSession, config: PipelineConfig) -> tuple[DataFrame, SourceOptions | None]:
+    """The raw topic as a stream: records through Spark's ``kafka`` format when its jar is there, else
+    offset ranges through ours (the processor then reads the records itself, with the options returned)."""
+    kafka = config.kafka
+    builtin = kafka.source == "kafka" or (kafka.source == "auto" and kafka_format_available(spark))
+    options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "subscribe": config.raw_topic,
+               "startingOffsets": kafka.starting_offsets, "maxOffsetsPerTrigger": str(kafka.max_offsets_per_trigger),
+               **{f"kafka.{name}": str(value) for name, value in kafka.consumer.items()}}
+    if builtin:
+        reader, columns, ranges = spark.readStream.format("kafka"), ["key", "value", "partition", "offset"], None
+    else:
+        spark.dataSource.register(KafkaDataSource)
+        options["emit"] = "offsetRanges"
+        reader, columns = spark.readStream.format(KafkaDataSource.name()), ["partition", "startOffset", "endOffset"]
+        ranges = SourceOptions.parse(options)
+    log.info("reading %s with the %s Kafka source", config.raw_topic, "built-in" if builtin else "Python")
+    return reader.options(**options).load().select(*columns), ranges
+
+
+def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
+    """The merge of the raw records per partition key, which writes the change events to Kafka itself.
+
+    The result has no rows; running it (any sink) runs the pipeline."""
+    raw, ranges = read_raw(spark, config)
+    kafka = config.kafka
+    sink = sink_settings(config)
+    settings = ProcessorSettings(
+        server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
+        schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
+        schema_registry_url=config.output.schema_registry_url, tombstones=config.output.tombstones,
+        consumer=tuple(sorted(kafka.consumer.items())), sink=sink, ranges=ranges)
+    keys = balanced_group_keys(spark, MAX_RAW_PARTITIONS, config.spark.shuffle_partitions)
+    # One SQL literal, not an expression per key: each of those would be a call into the JVM.
+    group = F.element_at(F.expr(f"array({', '.join(f'{key}L' for key in keys)})"), (F.col("partition") + 1).cast("int"))
+    return raw.withColumn("group", group).groupBy("group").transformWithStateInPandas(
+        ChangeProcessor(settings), OUTPUT_SCHEMA, "Update", "ProcessingTime")
+
+
+def sink_settings(config: PipelineConfig) -> SinkSettings:
+    kafka = config.kafka
+    return SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
+                        tuple(sorted(kafka.producer.items())), kafka.events_topic_partitions)
+
+
+def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> list[int]:
+    """The grouping key of each raw topic partition, chosen so that the state partitions get equal shares.
+
+    Spark places a grouping key in partition ``pmod(hash(key), partitions)``: partition numbers used as
+    keys land unevenly (12 over 2 state partitions: 7 and 5), and the fullest state partition sets the
+    pace of every micro-batch. Group ``g`` gets the smallest unused key that Spark places in partition
+    ``g % partitions``, asked of Spark itself so as to follow its hash exactly.
+    """
+    wanted = -(-groups // partitions)  # keys per partition
+    candidates = spark.range(8 * wanted * partitions).select(
+        "id", F.pmod(F.hash("id"), F.lit(partitions)).alias("partition")).collect()
+    by_partition: dict[int, list[int]] = {}
+    for row in candidates:
+        by_partition.setdefault(row.partition, []).append(row.id)
+    if any(len(by_partition.get(partition, ())) < wanted for partition in range(partitions)):
+        raise RuntimeError(f"cannot spread {groups} groups over {partitions} partitions")
+    return [by_partition[group % partitions][group // partitions] for group in range(groups)]
+
+
+STATE_LAYOUT_FILE = "cassandra-cdc-state.json"
+# 3: grouped by raw topic partition (balanced_group_keys); 2: by hash bucket; 1 (no file): by bucket number
+STATE_LAYOUT_VERSION = 3
+
+
+def check_state_layout(config: PipelineConfig, raw_partitions: int | None) -> None:
+    """Refuse a checkpoint whose state was laid out otherwise than this job would read it.
+
+    Each raw topic partition's partition keys are one group of the state, placed in one of the
+    ``spark.shuffle_partitions`` state partitions. Both are fixed once a checkpoint has state: with
+    other placements, the merge would start from missing state and emit wrong events. A partition added
+    to the raw topic moves partition keys to other raw partitions, hence other groups, the same way.
+    A new checkpoint records the layout (the raw topic's partitions once the topic exists).
+    """
+    checkpoint = Path(config.checkpoint)
+    layout = {"version": STATE_LAYOUT_VERSION, "spark.shuffle_partitions": config.spark.shuffle_partitions,
+              "raw_topic.partitions": raw_partitions}
+    recorded_file = checkpoint / STATE_LAYOUT_FILE
+    if recorded_file.exists():
+        recorded = json.loads(recorded_file.read_text())
+    elif any((checkpoint / "offsets").glob("[0-9]*")):
+        recorded = {"version": 1}
+    else:
+        recorded = {name: value for name, value in layout.items() if name != "raw_topic.partitions"}
+    if recorded.get("version") != STATE_LAYOUT_VERSION:
+        raise ConfigError(f"checkpoint {checkpoint} was written by an earlier version of the pipeline, whose merge "
+                          "state this one cannot read: start a new checkpoint (and bootstrap the tables again)")
+    if recorded.get("raw_topic.partitions") is None:
+        recorded["raw_topic.partitions"] = raw_partitions  # the raw topic is there now, or still is not
+    changed = [f"{name} {recorded.get(name)} → {value}" for name, value in layout.items()
+               if value is not None and recorded.get(name) != value]
+    if changed:
+        raise ConfigError(f"checkpoint {checkpoint} holds state laid out for other settings ({', '.join(changed)}): "
+                          "keep them, or start a new checkpoint (and bootstrap the tables again)")
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    recorded_file.write_text(json.dumps(recorded))
+
+
+def raw_topic_partitions(config: PipelineConfig) -> int | None:
+    """How many partitions the raw topic has; None when it does not exist (yet)."""
+    settings = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.consumer}
+    metadata = AdminClient(settings).list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
+    if metadata.error is not None:
+        if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise ConfigError(f"cannot read the metadata of the raw topic {config.raw_topic}: {metadata.error.str()}")
+    count = len(metadata.partitions)
+    if count > MAX_RAW_PARTITIONS:
+        raise ConfigError(f"the raw topic {config.raw_topic} has {count} partitions; the pipeline reads at most "
+                          f"{MAX_RAW_PARTITIONS}")
+    return count
+
+
+def check_not_restarted_from_scratch(config: PipelineConfig) -> None:
+    """Refuse a checkpoint without progress when the pipeline's output says it ran before.
+
+    With a lost or deleted checkpoint, Spark starts a new query from the raw topic's start: every event
+    is written again, and, the new query id not being the old one, the sink's markers do not stop it
+    (sink.py), so read_committed consumers see each one twice. The markers of the query's state
+    partitions in the commit topic show that it ran: only ``reset_checkpoint`` starts over then.
+    (Without ``exactly_once`` there are no markers, and no check.)
+    """
+    checkpoint = Path(config.checkpoint)
+    if config.reset_checkpoint or any((checkpoint / "offsets").glob("[0-9]*")):
+        return
+    committed = partitions_committed(sink_settings(config))
+    if committed:
+        raise ConfigError(f"checkpoint {checkpoint} is empty or missing, but {committed} state partition(s) "
+                          f"of an earlier run committed output to Kafka (topic {config.commit_topic}): "
+                          "starting over would write every event again; restore the checkpoint, or pass "
+                          "--reset-checkpoint (reset_checkpoint: true) to reprocess the raw topic from its "
+                          "start")
+
+
+# Spark's logs of planned and of completed micro-batches: per batch a file named by its id, a version
+# line ("v1"), then one JSON value per line ("-" for a source without an offset).
+CHECKPOINT_LOGS = ("offsets", "commits")
+
+
+def check_checkpoint_logs(config: PipelineConfig) -> None:
+    """Refuse a checkpoint whose batch logs Spark could not read, naming the file: Spark would fail the
+    query with a Java stack trace that does not say which file."""
+    checkpoint = Path(config.checkpoint)
+    for log_name in CHECKPOINT_LOGS:
+        for path in sorted((checkpoint / log_name).glob("[0-9]*")):
+            try:
+                version, *values = path.read_text(encoding="utf-8").splitlines()
+                if not (version.startswith("v") and version[1:].isdigit()) or not values:
+                    raise ValueError("no version line and values")
+                for value in values:
+                    if value != "-":
+                        json.loads(value)
+            except (OSError, ValueError) as error:
+                raise ConfigError(f"checkpoint file {path} is damaged ({error}): restore the checkpoint "
+                                  "from a backup, or start a new one (see --reset-checkpoint)") from None
+
+
+def check_checkpoint(config: PipelineConfig) -> None:
+    """What ``start`` checks before it starts the query (the CLI calls it before Spark starts)."""
+    check_checkpoint_logs(config)
+    try:
+        partitions = raw_topic_partitions(config)
+        check_not_restarted_from_scratch(config)
+    except KafkaException as error:
+        raise ConfigError(f"cannot reach Kafka at {config.kafka.bootstrap_servers}: {error}") from error
+    check_state_layout(config, partitions)
+
+
+def start(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
+    check_checkpoint(config)
+    return (change_events(spark, config).writeStream
+            .queryName(QUERY_NAME)
+            .format("noop")
+            .outputMode("update")
+            .option("checkpointLocation", str(config.checkpoint))
+            .trigger(processingTime=config.spark.trigger_interval)
+            .start())
+
+
+def run(config: PipelineConfig, duration: float | None = None) -> int:
+    """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds."""
+    spark = spark_session(config.spark.master or "local[2]", QUERY_NAME, config.spark.shuffle_partitions,
+                          config.spark.conf)
+    query = start(spark, config)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (systemd, Kubernetes) stops the query between batches as Ctrl-C does.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic, config.server,
+             config.checkpoint)
+    deadline = None if duration is None else time.monotonic() + duration
+    try:
+        while query.isActive and (deadline is None or time.monotonic() < deadline):
+            query.awaitTermination(1)
+    except KeyboardInterrupt:
+        log.info("stopping the pipeline")
+    finally:
+        if query.isActive:
+            query.stop()
+    if query.exception() is not None:
+        log.error("the pipeline failed: %s", query.exception())
+        return 1
+    return 0

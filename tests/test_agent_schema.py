@@ -1,0 +1,157 @@
+"""Tables and their schemas: unknown tables skipped until the schema has them, schema changes published
+before the records that need them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+import cassandra_cdc.agent.tables as tables_module
+from cassandra_cdc.agent import Agent
+from cassandra_cdc.storage import PartitionUpdateSerializer
+from cassandra_cdc.storage.binary_io import DataInput
+from cassandra_cdc.schema import parse_schema
+from cassandra_cdc.simulator import Insert, to_mutation
+from cassandra_cdc.kafka.schema_records import SchemaRecord
+
+import agent_harness
+from agent_harness import (
+    SCHEMA_CQL, LATE_CQL, SCHEMA, NODE_SCHEMA, Key, wait_until, key_of, assert_published_exactly, Harness,
+    MakeHarness, running, metric)
+
+broker, harness = agent_harness.broker, agent_harness.harness  # fixtures: a broker per module
+
+
+# --- damage, unknown tables ---------------------------------------------------------------------------------
+
+
+def test_unknown_tables_are_skipped_until_the_schema_has_them(harness: MakeHarness,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """A table id missing from the schema: its mutations are skipped (counted, logged once); once the schema
+    file has the table, its later mutations are published, with its schema record first."""
+    monkeypatch.setattr(tables_module, "RELOAD_INTERVAL_SECONDS", 0.0)
+    caplog.set_level(logging.INFO, logger="cassandra_cdc")
+    h = harness(node_schema=NODE_SCHEMA, published={"ks.users", "ks.late"})
+    late = NODE_SCHEMA.table("ks", "late")
+    h.insert("ks.users", id=1, name="before")
+    skipped = [h.insert("ks.late", id=1, v="unknown"), h.insert("ks.late", id=2, v="unknown")]
+    h.insert("ks.users", id=2, name="after")
+    h.node.sync()
+    for segment, position in skipped:
+        del h.expected[(segment, position, late.id)]
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the known table's changes")
+        assert metric(agent, "cdc_agent_mutations_skipped_total") == 2
+        warnings = [r for r in caplog.records if str(late.id) in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+        h.schema_file.write_text(SCHEMA_CQL + LATE_CQL)  # the schema now has it
+        h.insert("ks.late", id=3, v="known")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the new table's change")
+        h.node.close()
+        wait_until(lambda: not h.segment_files(), "the segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected, schema=NODE_SCHEMA)
+    schemas = h.reader(h.server)
+    schemas.wait_for(lambda: len(schemas.messages) >= 2, "schema records")
+    assert {m.key() for m in schemas.messages} == {b"ks.users", b"ks.late"}
+    schemas.close()
+    raw.close()
+
+
+ALTERED_CQL = SCHEMA_CQL.replace("prefs map<text, int>)", "prefs map<text, int>, email text)")
+ALTERED = parse_schema(ALTERED_CQL)
+SYSTEM_CQL = (Path(__file__).parent / "data" / "system_schemas" / "cassandra-4.0.11.cql").read_text()
+
+
+def schema_versions(h: Harness, table: str) -> list[SchemaRecord]:
+    reader = h.reader(h.server)
+    reader.poll(1.0)
+    return [r for r in map(SchemaRecord.decode, (m.value() for m in reader.messages))
+            if f"{r.keyspace}.{r.table}" == table]
+
+
+def insert_with_email(h: Harness, key: int) -> Key:
+    """An insert that uses the column ALTER TABLE added: only the new definition decodes it."""
+    mutation = to_mutation(Insert("ks.users", {"id": key, "name": "n", "email": f"{key}@x"},
+                                  timestamp=h.workload.clock.tick()), ALTERED)
+    return (*h.write_mutation(mutation), mutation.updates[0].table.id)
+
+
+def test_schema_file_change_publishes_the_new_definition_before_records_that_need_it(
+        harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """ALTER TABLE, with the schema from a file: the agent reloads the file when it changes and publishes the
+    new version of the table's schema before the first record written with it."""
+    caplog.set_level(logging.INFO, logger="cassandra_cdc")
+    assert ALTERED.table("ks", "users").id == SCHEMA.table("ks", "users").id  # ALTER keeps the table id
+    h = harness(published={"ks.users"})
+    h.insert("ks.users", id=1, name="before")
+    h.node.sync()
+    with running(h.config()):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the change before the ALTER")
+        h.schema_file.write_text(ALTERED_CQL)
+        wait_until(lambda: any("changed: reloading" in r.getMessage() for r in caplog.records), "the reload")
+        altered = insert_with_email(h, 2)
+        h.node.sync()
+        raw.wait_for(lambda: altered in raw.arrival, "the change after the ALTER")
+    versions = schema_versions(h, "ks.users")
+    assert [("email text" in r.cql) for r in versions] == [False, True]
+    record = next(r for r in raw.records if key_of(r) == altered)
+    update = PartitionUpdateSerializer.deserialize(DataInput(record.update), parse_schema(versions[-1].cql), 7)
+    assert [c.name for c in update.regular_columns] == ["email", "name"]
+    raw.close()
+
+
+@pytest.mark.parametrize("broken", ["", "CREATE TABLE ks.users (id int PRIMARY", "CREATE TABLE ks.users (id int"])
+def test_schema_file_being_rewritten_or_broken_keeps_the_loaded_schema(harness: MakeHarness, broken: str,
+                                                                      monkeypatch: pytest.MonkeyPatch,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """A schema file caught mid-write or broken never replaces a good schema: the agent would skip (lose) the
+    changes of every table missing from it. It waits for the file to settle; a broken file is logged."""
+    monkeypatch.setattr(tables_module, "SETTLE_SECONDS", 0.2)
+    h = harness()
+    registry = tables_module.TableRegistry(h.config())
+    loaded = registry.schema
+    h.schema_file.write_text(broken)
+    registry.reload_if_changed()
+    assert registry.schema is loaded, "a file just changed is not read yet"
+    time.sleep(0.3)
+    registry.reload_if_changed()
+    assert registry.schema is loaded
+    assert any("cannot be loaded" in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+    h.schema_file.write_text(ALTERED_CQL)
+    wait_until(lambda: registry.reload_if_changed() or registry.schema is not loaded, "the fixed file loaded")
+    assert "email" in {c.name for c in registry.schema.table("ks", "users").columns}
+
+
+def test_schema_change_logged_by_the_node_reloads_the_cluster_schema(harness: MakeHarness,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """ALTER TABLE, with the schema from the cluster: the node logs the change as a system_schema mutation
+    before any data that uses it; the agent reloads on it and publishes the new schema version first."""
+    monkeypatch.setattr(tables_module, "RELOAD_INTERVAL_SECONDS", 0.0)
+    cluster_schema = [parse_schema(SCHEMA_CQL + SYSTEM_CQL)]
+
+    def from_cluster(agent: Agent) -> None:
+        agent.tables = tables_module.TableRegistry(agent.config, loader=lambda: cluster_schema[0])
+
+    h = harness(published={"ks.users"}, node_schema=parse_schema(ALTERED_CQL + SYSTEM_CQL))
+    h.insert("ks.users", id=1, name="before")
+    h.node.sync()
+    with running(h.config(), from_cluster) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the change before the ALTER")
+        cluster_schema[0] = parse_schema(ALTERED_CQL + SYSTEM_CQL)
+        h.insert("system_schema.columns", keyspace_name="ks", table_name="users", column_name="email",
+                 kind="regular", position=-1, type="text", clustering_order="none")
+        altered = insert_with_email(h, 2)
+        h.node.sync()
+        raw.wait_for(lambda: altered in raw.arrival, "the change after the ALTER")
+        assert metric(agent, "cdc_agent_mutations_read_total", table="system_schema.columns") == 1
+    assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
+    raw.close()
