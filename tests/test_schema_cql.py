@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import math
 import uuid
 from pathlib import Path
 
@@ -14,9 +15,10 @@ from hypothesis import strategies as st
 
 from cassandra_cdc.schema import (ColumnKind, ColumnMetadata, CqlTypeError, KeyspaceMetadata, Schema, SchemaError,
                                   TableMetadata, load_schema_files, parse_schema, parse_type)
+from cassandra_cdc.storage.partition_json import render_value
 from cassandra_cdc.schema.cql import cql_literal
 from cassandra_cdc.schema.model import compact_table_columns, system_table_id
-from cassandra_cdc.schema.types import freeze, user_type
+from cassandra_cdc.schema.types import freeze, json_text, user_type
 
 # --- DESCRIBE outputs, written as cqlsh prints them ------------------------------------------------
 
@@ -674,7 +676,8 @@ TYPE_CASES = [
     ("boolean", True, True, 1, False),
     ("counter", 42, 42, None, False),
     ("date", util.Date(datetime.date(2024, 2, 29)), "2024-02-29", None, False),
-    ("decimal", decimal.Decimal("-12.340"), "-12.340", None, False),
+    # varint and decimal are JSON numbers, every digit kept (json_text writes the Decimal as it is)
+    ("decimal", decimal.Decimal("-12.340"), decimal.Decimal("-12.340"), None, False),
     ("double", 2.5, 2.5, 8, False),
     ("duration", util.Duration(14, 2, 3_000_004_000), "1y2mo2d3s4us", None, False),
     ("float", -0.5, -0.5, 4, False),
@@ -682,9 +685,17 @@ TYPE_CASES = [
     # digits, as SELECT JSON shows it
     ("float", 7.62, 7.62, 4, False),
     ("float", 3.4028235e38, 3.4028235e38, 4, False),
+    # Java writes d.dE-n with at least two digits: Float.MIN_VALUE is 1.4E-45, though 1E-45 reads back the same
+    ("float", 1.4e-45, 1.4e-45, 4, False),
+    # JSON has no NaN or infinities: SELECT JSON shows null
+    ("float", math.nan, None, 4, False),
+    ("double", -math.inf, None, 8, False),
+    ("list<double>", [math.inf, 1.5], [None, 1.5], None, True),
     ("list<float>", [0.1, 123456.79], [0.1, 123456.79], None, True),
     ("map<float, text>", {0.3: "x"}, {"0.3": "x"}, None, True),
-    ("inet", "2001:db8::1", "2001:db8::1", None, False),
+    # as Java's InetAddress writes them: IPv6 without "::" compression, IPv4-mapped as IPv4
+    ("inet", "2001:db8::1", "2001:db8:0:0:0:0:0:1", None, False),
+    ("inet", "::ffff:10.1.2.3", "10.1.2.3", None, False),
     ("inet", "10.0.0.1", "10.0.0.1", None, False),
     ("int", -7, -7, 4, False),
     ("smallint", 300, 300, None, False),
@@ -695,7 +706,7 @@ TYPE_CASES = [
     ("tinyint", -128, -128, None, False),
     ("uuid", A_UUID, str(A_UUID), 16, False),
     ("varchar", "x", "x", None, False),
-    ("varint", 10**30, "1000000000000000000000000000000", None, False),
+    ("varint", -10**30, -10**30, None, False),
     ("list<int>", [3, 1, 3], [3, 1, 3], None, True),
     ("frozen<list<int>>", [3, 1], [3, 1], None, False),
     ("set<text>", util.SortedSet(["b", "a"]), ["a", "b"], None, True),
@@ -726,6 +737,30 @@ def test_type_round_trips(text: str, value: object, rendered: object, fixed_leng
     decoded = cql_type.deserialize(data)
     assert cql_type.serialize(decoded) == data
     assert cql_type.to_json(decoded) == rendered
+
+
+@pytest.mark.parametrize("text, value, written", [
+    ("decimal", decimal.Decimal("-12.340"), "-12.340"),
+    ("decimal", decimal.Decimal("-0.000000000000000001234"), "-1.234E-18"),
+    ("decimal", decimal.Decimal("5E+3"), "5E+3"),
+    ("varint", -10**30, "-1000000000000000000000000000000"),
+    ("map<decimal, frozen<list<decimal>>>", {decimal.Decimal("1.50"): [decimal.Decimal("-0.10")]},
+     '{"1.50": [-0.10]}'),
+    ("frozen<map<frozen<tuple<decimal, int>>, text>>", {(decimal.Decimal("2.0"), 1): "x"}, '{"[2.0,1]": "x"}'),
+    ("tuple<varint, text>", (2**70, "é"), '[1180591620717411303424, "é"]'),
+])
+def test_values_are_written_as_select_json_writes_them(text: str, value: object, written: str) -> None:
+    """The text of decimals and varints as Cassandra 5.0's SELECT JSON writes it (Java's BigDecimal.toString)."""
+    cql_type = parse_type(text, "ks", UDTS)
+    assert json_text(cql_type.to_json(cql_type.deserialize(cql_type.serialize(value)))) == written
+
+
+@pytest.mark.parametrize("text", ["int", "bigint", "varint", "decimal", "uuid", "inet", "double", "timestamp",
+                                  "boolean", "text", "ascii"])
+def test_an_empty_value_renders_as_select_json_shows_it(text: str) -> None:
+    """``blobAsInt(0x)`` and the like store an empty value: SELECT JSON shows "" (a blob's: "0x")."""
+    assert render_value(parse_type(text), b"") == ""
+    assert render_value(parse_type("blob"), b"") == "0x"
 
 
 @pytest.mark.parametrize("text, canonical", [

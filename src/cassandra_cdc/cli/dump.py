@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-import json
 import stat
 import sys
 import uuid
@@ -17,6 +16,7 @@ from ..storage.partition_update import PartitionUpdate
 from ..storage.partition_json import KeyDecodeError, render_partition_update
 from ..commitlog.replay import ReplayStats, replay
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
+from ..schema.types import json_text
 from ..sstable import SSTable, SSTableError, SSTableReadStats
 from ..sstable.sstable_descriptor import COMPONENT_NAME, is_data_file
 
@@ -151,7 +151,7 @@ def dump(
 
 def _write(out: Any, updates: Iterable[PartitionUpdate], source: dict[str, Any]) -> None:
     """Print the changes, all or (KeyDecodeError) none."""
-    lines = [json.dumps(change, ensure_ascii=False) + "\n"
+    lines = [json_text(change) + "\n"
              for update in updates for change in render_partition_update(update, source)]
     out.writelines(lines)
 

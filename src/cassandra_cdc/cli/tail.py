@@ -155,11 +155,12 @@ class _RawPrinter:
         return (found[0] if found else None), self.catalog.schema
 
     def lines(self, message: Any) -> list[str]:
+        from ..events.event_text import micros_text
+        from ..kafka.raw_records import RawRecord, RawRecordError
+        from ..schema.types import json_text
         from ..storage import PartitionUpdateSerializer
         from ..storage.binary_io import DataInput
         from ..storage.partition_json import render_partition_update
-        from ..events.event_text import micros_text
-        from ..kafka.raw_records import RawRecord, RawRecordError
 
         value = message.value()
         if value is None:
@@ -178,7 +179,7 @@ class _RawPrinter:
         source = {"node": record.node_id, "segment": record.segment_id, "position": record.position}
         try:
             update = PartitionUpdateSerializer.deserialize(DataInput(record.update), schema, record.commitlog_version)
-            changes = ["  " + json.dumps(change, ensure_ascii=False)
+            changes = ["  " + json_text(change)
                        for change in render_partition_update(update, source)]
         except Exception as error:  # an update the schema cannot decode: say so, go on with the next record
             return [f"{header} — cannot decode: {error}"]

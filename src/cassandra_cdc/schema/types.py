@@ -9,6 +9,7 @@ on top: which types are written without a length (``fixed_length``), which colum
 from __future__ import annotations
 
 import datetime
+import decimal
 import ipaddress
 import json
 import math
@@ -368,18 +369,21 @@ def _to_json(t: CqlType, value: Any) -> Any:
     kind = t.kind
     if kind in ("text", "varchar", "ascii", "boolean", "int", "bigint", "smallint", "tinyint", "counter"):
         return value
-    if kind == "float":
-        return shortest_float32(value) if math.isfinite(value) else str(value)
-    if kind == "double":
-        return value if math.isfinite(value) else str(value)
-    if kind in ("varint", "decimal"):
-        return str(value)
+    if kind in ("float", "double"):
+        # JSON has no NaN or infinities: SELECT JSON shows them as null.
+        if not math.isfinite(value):
+            return None
+        return shortest_float32(value) if kind == "float" else value
+    if kind == "varint":
+        return int(value)
+    if kind == "decimal":
+        return value  # a decimal.Decimal: json_text writes it as the number it is, digits and scale kept
     if kind == "blob":
         return "0x" + bytes(value).hex()
     if kind in ("uuid", "timeuuid"):
         return str(value)
     if kind == "inet":
-        return str(ipaddress.ip_address(value))
+        return inet_text(value)
     if kind == "timestamp":
         return _timestamp_text(value)
     if kind == "date":
@@ -404,9 +408,13 @@ def _to_json(t: CqlType, value: Any) -> Any:
 def shortest_float32(value: float) -> float:
     """A float column's value (a double holding its 32 bits exactly, 7.619999885559082 for 7.62) as the double
     of the fewest digits that still read back as the same 32 bits: what Java's Float.toString and SELECT JSON
-    show (7.62)."""
+    show (7.62).
+
+    Java writes a number below 1e-3 or from 1e7 up as ``d.dddE±n``, with at least one digit after the point:
+    there the fewest is two digits, the two closest to the value (Float.MIN_VALUE is 1.4E-45, not 1E-45)."""
     exact = _FLOAT32.pack(value)
-    for digits in range(1, 10):  # nine significant digits tell every float32 apart
+    scientific = value != 0 and not 1e-3 <= abs(value) < 1e7
+    for digits in range(2 if scientific else 1, 10):  # nine significant digits tell every float32 apart
         candidate = float(f"{value:.{digits}g}")
         try:
             if _FLOAT32.pack(candidate) == exact:
@@ -421,11 +429,35 @@ _FLOAT32 = struct.Struct(">f")
 
 def _map_key(t: CqlType, key: Any) -> str:
     rendered = _to_json(t, key)
-    return rendered if isinstance(rendered, str) else _json_text(rendered)
+    return rendered if isinstance(rendered, str) else json_text(rendered, separators=(",", ":"))
 
 
-def _json_text(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+def json_text(value: Any, *, separators: tuple[str, str] = (", ", ": "), ensure_ascii: bool = False) -> str:
+    """``json.dumps`` of rendered values, writing a ``decimal.Decimal`` as the JSON number it is (as
+    SELECT JSON does: ``12.3400``, ``1.234E-18``), which ``json`` cannot."""
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    item, key = separators
+    if isinstance(value, dict):
+        return "{" + item.join(json.dumps(str(k), ensure_ascii=ensure_ascii) + key
+                               + json_text(v, separators=separators, ensure_ascii=ensure_ascii)
+                               for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + item.join(json_text(v, separators=separators, ensure_ascii=ensure_ascii)
+                               for v in value) + "]"
+    return json.dumps(value, ensure_ascii=ensure_ascii)
+
+
+def inet_text(value: str) -> str:
+    """An address as Java's ``InetAddress.getHostAddress`` writes it, which SELECT JSON shows: IPv6 as eight
+    groups without leading zeros and without ``::`` (``2001:db8:0:0:0:ff00:42:8329``), an IPv4-mapped IPv6
+    address as the IPv4 address it maps (Java reads those 16 bytes as an Inet4Address)."""
+    address = ipaddress.ip_address(value)
+    if address.version == 4:
+        return str(address)
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return ":".join(f"{int(group, 16):x}" for group in address.exploded.split(":"))
 
 
 def _timestamp_text(value: datetime.datetime) -> str:

@@ -1,7 +1,8 @@
 """Partition updates as JSON objects, one per row-level change: the ``cassandra-cdc dump`` format.
 
 Values are shown as CQL's ``SELECT JSON`` shows them (text as strings, numbers as numbers, varint and
-decimal as strings, blobs as 0x-hex, uuids as strings); timestamps are microseconds, TTLs and local
+decimal too, exactly: write them with :func:`~..schema.types.json_text`; blobs as 0x-hex, uuids as
+strings); timestamps are microseconds, TTLs and local
 deletion/expiry times seconds, exactly as stored.
 """
 
@@ -16,20 +17,18 @@ from .counters import counter_value
 from .partition_update import PartitionUpdate
 from .rows import Clustering, RangeTombstoneMarker, Row
 
-_TEXT_KINDS = ("text", "varchar", "ascii")
-
-
 class KeyDecodeError(ValueError):
     """A partition key or clustering value that its declared type cannot decode: the schema does not
     describe the data (a null in its place would pass for a real key)."""
 
 
 def render_value(cql_type: CqlType, value: bytes | None) -> Any:
-    """A stored value as JSON; an empty value is "" for text types, "0x" for blobs, else null."""
+    """A stored value as JSON; an empty value (``blobAsInt(0x)``) is "0x" for blobs, else "", as SELECT JSON
+    shows it."""
     if value is None:
         return None
     if not value:
-        return "" if cql_type.kind in _TEXT_KINDS else "0x" if cql_type.kind == "blob" else None
+        return "0x" if cql_type.kind == "blob" else ""
     if cql_type.is_counter:
         return counter_value(value)
     return cql_type.to_json(cql_type.deserialize(value))
