@@ -153,37 +153,3 @@ def read_in_steps(path: str | Path, keystore: KeyStore | None, limits: list[int]
 
 def entry_fields(entries: list[Entry]) -> list[tuple]:
     return [(e.start, e.position, e.body, e.section_offset, e.section) for e in entries]
-
-
-def require_jvm_artifacts() -> None:
-    """Skip when `make install` has not fetched the real Cassandra and Kafka; fail instead when
-    CASSANDRA_CDC_REQUIRE_JVM is set (as `make test` sets it), so CI never skips them silently."""
-    from cassandra_cdc.localcluster import missing_reason
-
-    reason = missing_reason()
-    if reason is None:
-        return
-    if os.environ.get("CASSANDRA_CDC_REQUIRE_JVM"):
-        pytest.fail(f"CASSANDRA_CDC_REQUIRE_JVM is set, but {reason}", pytrace=False)
-    pytest.skip(f"real Cassandra and Kafka not installed: {reason}")
-
-
-@pytest.fixture(scope="session")
-def real_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One real Apache Kafka broker (KRaft, loopback) for the whole run; tests use their own topics."""
-    require_jvm_artifacts()
-    from cassandra_cdc.localcluster import KafkaBroker
-
-    with KafkaBroker(tmp_path_factory.mktemp("real-kafka")) as running:
-        yield running
-
-
-@pytest.fixture(scope="session")
-def real_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Three real Cassandra 5.0 nodes with CDC (127.0.0.1-3) for the whole run; tests use their own
-    keyspaces."""
-    require_jvm_artifacts()
-    from cassandra_cdc.localcluster import CassandraCluster
-
-    with CassandraCluster(tmp_path_factory.mktemp("real-cassandra"), nodes=3) as running:
-        yield running
