@@ -34,6 +34,7 @@ from cassandra_cdc.schema import Schema, TableMetadata, parse_schema, parse_type
 from cassandra_cdc.simulator import (AddToSet, AppendToList, CounterAdd, CounterLedger, DeleteColumns,
                                      DeletePartition, DeleteRange, DeleteRow, Insert, Operation, PutInMap,
                                      RemoveFromSet, RemoveMapKeys, SetUdtFields, Update, to_mutation)
+from row_changes import assert_chain
 
 SCHEMA = parse_schema("""
 CREATE TYPE ks.addr (street text, zip int);
@@ -78,19 +79,6 @@ def merged(updates: Sequence[PartitionUpdate], table: TableMetadata, now: int = 
 
 def rows(state: PartitionState, table: TableMetadata, now: int = NOW) -> list[dict[str, Any]]:
     return list(visible_rows(state, table, now).values())
-
-
-def assert_chain(changes: list[RowChange], final: dict[Any, dict[str, Any]]) -> None:
-    """Replaying the changes from an empty table gives ``final``; each ``before`` is the replayed row."""
-    replayed: dict[Any, dict[str, Any]] = {}
-    for change in changes:
-        assert change.before != change.after, change
-        assert replayed.get(change.clustering) == change.before, change
-        if change.after is None:
-            del replayed[change.clustering]
-        else:
-            replayed[change.clustering] = change.after
-    assert replayed == final
 
 
 def real_changes(order: Sequence[PartitionUpdate], table: TableMetadata, now: int, later: int | None) -> int:
@@ -518,3 +506,18 @@ def event(ck: int, v: str | None, s: int | None = None) -> dict[str, Any]:
 
 def timeline(a: int, b: str, v: int) -> dict[str, Any]:
     return {"pk": 1, "a": a, "b": b, "v": v}
+
+
+def test_an_update_that_cannot_be_merged_leaves_the_state_as_it_was() -> None:
+    """A range deletion never closed, or another partition's update, is refused before anything changes:
+    the state neither merges part of it nor runs its expiries."""
+    state, _ = merged(updates_of(Insert("ks.events", {"pk": 1, "ck": 2, "v": "a"}, ttl=5, timestamp=at(0))), EVENTS)
+    before = pickle.dumps(state.stored())
+    unclosed = update_of(DeleteRange("ks.events", {"pk": 1}, 1, 3, timestamp=at(2)))
+    unclosed.unfiltereds.pop()
+    with pytest.raises(ValueError, match="never closed"):
+        apply(state, unclosed, EVENTS, NOW + 60)
+    other = update_of(Insert("ks.events", {"pk": 2, "ck": 1, "v": "b"}, timestamp=at(3)))
+    with pytest.raises(ValueError, match="applied to the state of"):
+        apply(state, other, EVENTS, NOW + 60)
+    assert pickle.dumps(state.stored()) == before

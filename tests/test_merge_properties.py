@@ -28,6 +28,7 @@ from cassandra_cdc.merge.reconcile import RowChange, apply, expire, visible_rows
 from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import TableMetadata, parse_schema
 from cassandra_cdc.simulator import Clock, CounterAdd, CounterLedger, TableModel, Workload, to_mutation
+from row_changes import assert_chain
 
 SCHEMA = parse_schema("""
 CREATE TYPE ks.addr (street text, zip int);
@@ -65,18 +66,6 @@ def workload_updates(table: TableMetadata, seed: int,
     return model, updates, clock.now_seconds
 
 
-def check_chain(changes: list[RowChange], final: dict[Any, dict[str, Any]]) -> None:
-    replayed: dict[Any, dict[str, Any]] = {}
-    for change in changes:
-        assert change.before != change.after, change
-        assert replayed.get(change.clustering) == change.before, change
-        if change.after is None:
-            del replayed[change.clustering]
-        else:
-            replayed[change.clustering] = change.after
-    assert replayed == final
-
-
 def merge_and_compare(table: TableMetadata, seed: int, count: int, overtime: int, rng: random.Random) -> None:
     model, updates, end = workload_updates(table, seed, count)
     deliveries = [(i, update) for i, update in enumerate(updates) for _ in range(3)]
@@ -104,7 +93,7 @@ def merge_and_compare(table: TableMetadata, seed: int, count: int, overtime: int
     for key, state in states.items():
         changes[key].extend(expire(state, table, final))
         rows = visible_rows(state, table, final)
-        check_chain(changes[key], rows)
+        assert_chain(changes[key], rows)
         for row in rows.values():
             merged_rows[tuple(row[name] for name in primary_key)] = row
     assert merged_rows == model.rows(final)

@@ -451,6 +451,11 @@ def test_a_checkpoint_refuses_another_state_layout(tmp_path):
     (older / "cassandra-cdc-state.json").write_text(json.dumps({"version": 2, "state.buckets": 64}))
     with pytest.raises(ConfigError, match="earlier version"):
         check_state_layout(older_config, 12)
+    # A damaged record of the layout is named, whatever it holds.
+    for damaged in ('{"version": 3, "spark.shuff', "[3, 2]"):
+        (older / "cassandra-cdc-state.json").write_text(damaged)
+        with pytest.raises(ConfigError, match=r"older/cassandra-cdc-state.json .*restore the checkpoint"):
+            check_state_layout(older_config, 12)
 
 
 def test_an_empty_checkpoint_is_refused_once_the_pipeline_committed_output(broker, tmp_path):

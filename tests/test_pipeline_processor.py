@@ -32,12 +32,12 @@ from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.merge.reconcile import apply
-from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, _collector_paused, _Partitions
+from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, collector_paused, PartitionGroup
 from cassandra_cdc.pipeline.event_sink import SinkSettings, Task, TaskSink
 from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import parse_schema
-from cassandra_cdc.simulator import Insert, Update, to_mutation
+from cassandra_cdc.simulator import DeleteRange, Insert, Update, to_mutation
 from cassandra_cdc.kafka.raw_records import RawRecord, record_key
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 
@@ -64,13 +64,13 @@ def damaged(value: bytes) -> bytes:
 
 def test_the_garbage_collector_is_paused_for_a_batch_only() -> None:
     with pytest.raises(RuntimeError):
-        with _collector_paused():
+        with collector_paused():
             assert not gc.isenabled()
             raise RuntimeError("a failed batch")
     assert gc.isenabled()
     gc.disable()
     try:
-        with _collector_paused():
+        with collector_paused():
             pass
         assert not gc.isenabled()  # left as the worker had it
     finally:
@@ -84,7 +84,7 @@ def test_partitions_pickled_as_objects_are_read_and_stored_as_builtins() -> None
     update = PartitionUpdateSerializer.deserialize(DataInput(insert), SCHEMA, 7)
     apply(state, update, SCHEMA.table("app", "users"), NOW // 1_000_000)
     old, new = pickle.dumps(state), pickle.dumps(state.stored())
-    partitions = _Partitions({b"old": (None, old), b"new": (None, new)})
+    partitions = PartitionGroup({b"old": (None, old), b"new": (None, new)})
     assert partitions.get(b"old").__reduce__() == partitions.get(b"new").__reduce__() == state.__reduce__()
     _, stored = pickle.loads(partitions.dump())  # type: ignore[arg-type]
     assert {key: pickle.loads(value) for key, (_, value) in stored.items()} == {b"old": state.stored(),
@@ -401,6 +401,36 @@ def test_random_update_bytes_under_a_valid_header_are_dead_lettered_never_merged
     assert [base64.b64decode(error["value"]) for error in errors] == [value for _, value in records]
     assert all(error["reason"] for error in errors)
     assert not any(state.exists() for state in handle.values.values())
+
+
+def test_an_update_the_merge_refuses_is_dead_lettered_and_the_batch_goes_on(broker: Any, spark: Any,
+                                                                           monkeypatch: Any) -> None:
+    """An update that decodes but cannot be merged (a range deletion that is never closed) is set aside on
+    the errors topic, as an undecodable one is, instead of failing the task on every retry; the batch's
+    other records are merged."""
+    schema = parse_schema("""CREATE TABLE app.visits (id int, day int, page text, PRIMARY KEY (id, day))
+        WITH ID = 7d0e7a10-0000-4000-8000-00000000000e AND cdc = true;""")
+    owner, handle = started_processor(broker, monkeypatch, [schema.table("app", "visits")])
+    try:
+        [unclosed] = to_mutation(DeleteRange("app.visits", {"id": 1}, start=3, end=9, timestamp=NOW), schema).updates
+        unclosed.unfiltereds.pop()  # the closing bound
+        unclosed_bytes = MutationSerializer.serialize(Mutation([unclosed]), 7)[1:]
+        insert = MutationSerializer.serialize(Mutation(to_mutation(
+            Insert("app.visits", {"id": 1, "day": 4, "page": "home"}, timestamp=NOW + 1), schema).updates), 7)[1:]
+        records = [(record_key(update), RawRecord("node1", 1, 100 + i, 7, NOW, update).encode())
+                   for i, update in enumerate((unclosed_bytes, insert))]
+        frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
+                              "partition": [0, 0], "offset": [0, 1]})
+        owner.init(handle)
+        list(owner.handleInputRows((0,), iter([frame]), _Clock()))
+        owner.close()
+        [event] = owner.events.read(f"{SERVER}.app.visits")  # type: ignore[attr-defined]
+        assert json.loads(event)["payload"]["after"] == {"id": 1, "day": 4, "page": "home"}
+        [error] = [json.loads(value) for value in owner.events.read(f"{SERVER}.errors")  # type: ignore[attr-defined]
+                   if json.loads(value)["value"] == base64.b64encode(records[0][1]).decode()]
+        assert "cannot merge" in error["reason"] and "never closed" in error["reason"]
+    finally:
+        owner.close()
 
 
 def test_rows_naming_offset_ranges_are_read_from_the_raw_topic(processor: Any, broker: Any) -> None:

@@ -88,6 +88,12 @@ class RawRecord(NamedTuple):
                          update, bool(flags & FLAG_SNAPSHOT))
 
 
+def stored_digest(value: bytes) -> bytes:
+    """The digest a raw record's header holds: once ``RawRecord.decode`` has checked it against the update, the
+    update's identity, without computing MD5 again."""
+    return value[DIGEST_OFFSET:DIGEST_OFFSET + DIGEST_SIZE]
+
+
 def decode_update(record_key: bytes, record: RawRecord, schema: Schema) -> PartitionUpdate:
     """The record's partition update, decoded strictly: damaged bytes under a valid header are refused.
 

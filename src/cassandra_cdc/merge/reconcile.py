@@ -53,23 +53,23 @@ def apply(state: PartitionState, update: PartitionUpdate, table: TableMetadata, 
           digest: bytes | None = None) -> list[RowChange]:
     """Merge ``update`` into ``state``; the row changes, in clustering order, after any expiry changes.
 
-    ``digest`` identifies the update's bytes: a digest applied recently is skipped at once.
+    ``digest`` identifies the update's bytes: a digest applied recently is skipped at once. An update that
+    cannot be merged (another partition's, a range tombstone never closed) raises ``ValueError`` before the
+    state changes.
     """
     if state.seen(digest):
         return []
-    if state.key is None:
-        state.key = bytes(update.key)
-    elif state.key != update.key:
+    if state.key is not None and state.key != update.key:
         raise ValueError(f"an update of partition {bytes(update.key).hex()} applied to the state of "
                          f"{state.key.hex()} ({table.qualified_name})")
+    ranges = _ranges_of(update)
+    state.key = bytes(update.key)
     view = table_view(table)
     changes = _advance(state, view, now_seconds)
-    changes += _Merge(state, view, update).run()
+    changes += _Merge(state, view, update, ranges).run()
     state.remember(digest)
     return changes
 
-
-apply_update = apply
 
 
 def expire(state: PartitionState, table: TableMetadata, now_seconds: int) -> list[RowChange]:
@@ -197,10 +197,12 @@ def _advance(state: PartitionState, view: TableView, now: int) -> list[RowChange
 class _Merge:
     """Applies one partition update: which rows it can change, their views before and after."""
 
-    def __init__(self, state: PartitionState, view: TableView, update: PartitionUpdate) -> None:
+    def __init__(self, state: PartitionState, view: TableView, update: PartitionUpdate,
+                 ranges: list[Range]) -> None:
         self.state = state
         self.view = view
         self.update = update
+        self.ranges = ranges
         self.now: int = state.clock  # type: ignore[assignment]
 
     def run(self) -> list[RowChange]:
@@ -208,7 +210,7 @@ class _Merge:
         partition_deletion = deletion_of(update.partition_deletion)
         if max_deletion(state.deletion, partition_deletion) == state.deletion:
             partition_deletion = None  # none, or not newer than the partition's
-        ranges = [r for r in _ranges_of(update) if self._range_changes(r)]
+        ranges = [r for r in self.ranges if self._range_changes(r)]
         rows = [u for u in update.unfiltereds if isinstance(u, Row)]
 
         if partition_deletion is not None:
@@ -469,4 +471,4 @@ def _next_event(state: PartitionState, view: TableView, now: int) -> int | None:
     return min(future) if future else None
 
 
-__all__ = ["PartitionState", "RowChange", "apply", "apply_update", "expire", "next_expiry", "visible_rows"]
+__all__ = ["PartitionState", "RowChange", "apply", "expire", "next_expiry", "visible_rows"]

@@ -52,10 +52,10 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from ..storage.decode_errors import MutationDecodeError
 from ..storage.binary_io import EndOfData
 from ..schema import TableMetadata
-from ..kafka.raw_records import DIGEST_OFFSET, DIGEST_SIZE, RawRecord, RawRecordError, decode_update
+from ..kafka.raw_records import RawRecord, RawRecordError, decode_update, stored_digest
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
-from ..merge.reconcile import PartitionState, RowChange, apply_update, expire, next_expiry
+from ..merge.reconcile import PartitionState, RowChange, apply, expire, next_expiry
 from .event_sink import SinkSettings, Task, TaskSink, task_sink
 from .kafka_source import OffsetRange, SourceOptions, read_range
 
@@ -102,7 +102,7 @@ class ChangeProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: TimerValues) -> Iterator[pd.DataFrame]:
         now_ms = timerValues.getCurrentProcessingTimeInMs()
-        with self._aborted_on_failure(), _collector_paused():
+        with self._aborted_on_failure(), collector_paused():
             partitions = self._load()
             for record_key, value in self._records(rows):
                 self._apply(partitions, record_key, value, now_ms)
@@ -126,8 +126,9 @@ class ChangeProcessor(StatefulProcessor):
                     continue
                 table, version = found
                 changes = expire(state, table, now_seconds)
-                source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name,
-                                expiry * 1_000_000, False, None, None, None)
+                source = Source(name=self.settings.server, cluster=self.settings.cluster, keyspace=table.keyspace,
+                                table=table.name, ts_us=expiry * 1_000_000, snapshot=False, node=None, segment=None,
+                                position=None)
                 self._emit(table, version, changes, source, False, now_ms)
                 if state.is_empty():
                     partitions.remove(record_key)
@@ -184,30 +185,39 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- merging ----------------------------------------------------------------------------------
 
-    def _apply(self, partitions: "_Partitions", record_key: bytes, value: bytes, now_ms: int) -> None:
+    def _apply(self, partitions: "PartitionGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
         try:
             record = RawRecord.decode(value)
         except RawRecordError as error:
             self._error(record_key, value, str(error))
             return
         state = partitions.get(record_key)
-        digest = value[DIGEST_OFFSET:DIGEST_OFFSET + DIGEST_SIZE]  # checked against the update by decode: no MD5 again
+        digest = stored_digest(value)
+        # Seen before decoding: most records are another replica's copy of an update already merged.
         if state is not None and state.seen(digest):
-            return  # another replica's copy of an update already merged
-        table_version = self._decode(record_key, record)
-        if isinstance(table_version, str):
-            self._error(record_key, value, table_version)
             return
-        table, version, update = table_version
+        try:
+            table, version, update = self._decode(record_key, record)
+        except _Undecodable as error:
+            self._error(record_key, value, error.reason)
+            return
+        merged = state if state is not None else PartitionState()
+        try:
+            changes = apply(merged, update, table, now_ms // 1000)
+        except ValueError as error:  # raised before the state changed: the record is set aside, not retried
+            self._error(record_key, value, f"cannot merge the partition update of {table.qualified_name}: {error}")
+            return
         if state is None:
-            state = partitions.add(record_key)
-        changes = apply_update(state, update, table, now_ms // 1000, digest)
-        source = Source(self.settings.server, self.settings.cluster, table.keyspace, table.name, record.write_time,
-                        record.snapshot, record.node_id, record.segment_id, record.position)
+            partitions.add(record_key, merged)
+        merged.remember(digest)
+        source = Source(name=self.settings.server, cluster=self.settings.cluster, keyspace=table.keyspace,
+                        table=table.name, ts_us=record.write_time, snapshot=record.snapshot, node=record.node_id,
+                        segment=record.segment_id, position=record.position)
         self._emit(table, version, changes, source, record.snapshot, now_ms)
 
-    def _decode(self, record_key: bytes, record: RawRecord) -> tuple[TableMetadata, str, Any] | str:
-        """The record's table and decoded partition update, or the reason it cannot be decoded.
+    def _decode(self, record_key: bytes, record: RawRecord) -> tuple[TableMetadata, str, Any]:
+        """The record's table, the version of its definition and its decoded partition update; raises
+        ``_Undecodable`` with the reason when it cannot be decoded.
 
         An unknown table, or a column its known definition lacks, means the schema topic has news (the
         agents publish a definition before the records that need it): read it again, once per table and
@@ -230,8 +240,8 @@ class ChangeProcessor(StatefulProcessor):
                 return found[0], found[1], update
             except (MutationDecodeError, EndOfData, ValueError, IndexError, KeyError) as error:
                 reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
-        return reason or (f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topic "
-                          f"{self.settings.schema_topic}")
+        raise _Undecodable(reason or f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topic "
+                                     f"{self.settings.schema_topic}")
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
               now_ms: int) -> None:
@@ -257,10 +267,10 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- state ------------------------------------------------------------------------------------
 
-    def _load(self) -> "_Partitions":
-        return _Partitions.load(self.state.get()[0] if self.state.exists() else None)
+    def _load(self) -> "PartitionGroup":
+        return PartitionGroup.load(self.state.get()[0] if self.state.exists() else None)
 
-    def _save(self, partitions: "_Partitions", now_ms: int) -> None:
+    def _save(self, partitions: "PartitionGroup", now_ms: int) -> None:
         """Store the group's state, with its one timer at the earliest expiry of its partitions.
 
         The group's state records its timer: every state call costs ~0.4 ms, and asking Spark for the
@@ -287,8 +297,16 @@ class ChangeProcessor(StatefulProcessor):
             self.state.update((stored,))
 
 
+class _Undecodable(Exception):
+    """A raw record the processor cannot decode: it goes to the errors topic with ``reason``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """The cyclic garbage collector off while a batch is merged, back on (if it was) afterwards.
 
     Merging allocates dozens of containers per record (updates, rows, cells, events) and keeps the opened
@@ -310,7 +328,7 @@ def _collector_paused() -> Iterator[None]:
 _TIMER_NOT_RECORDED = -1
 
 
-class _Partitions:
+class PartitionGroup:
     """The merge states of one group's partitions, each pickled on its own, its next expiry beside it,
     and the group's timer.
 
@@ -324,7 +342,7 @@ class _Partitions:
         self.timer = timer  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
 
     @classmethod
-    def load(cls, value: bytes | None) -> "_Partitions":
+    def load(cls, value: bytes | None) -> "PartitionGroup":
         """A group's state value as ``dump`` made it (None: the group has no state)."""
         if value is None:
             return cls({})
@@ -343,9 +361,8 @@ class _Partitions:
             self._opened[key] = state
         return state
 
-    def add(self, key: bytes) -> PartitionState:
-        state = self._opened[key] = PartitionState()
-        return state
+    def add(self, key: bytes, state: PartitionState) -> None:
+        self._opened[key] = state
 
     def remove(self, key: bytes) -> None:
         self._opened.pop(key, None)

@@ -117,7 +117,14 @@ def check_state_layout(config: PipelineConfig, raw_partitions: int | None) -> No
               "raw_topic.partitions": raw_partitions}
     recorded_file = checkpoint / STATE_LAYOUT_FILE
     if recorded_file.exists():
-        recorded = json.loads(recorded_file.read_text())
+        try:
+            recorded = json.loads(recorded_file.read_text())
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"{recorded_file} cannot be read ({error}): it records how the checkpoint's state is "
+                              "laid out; restore the checkpoint from a backup, or start a new one") from None
+        if not isinstance(recorded, dict):
+            raise ConfigError(f"{recorded_file} is not what the pipeline wrote (a JSON object): restore the "
+                              "checkpoint from a backup, or start a new one")
     elif any((checkpoint / "offsets").glob("[0-9]*")):
         recorded = {"version": 1}
     else:
