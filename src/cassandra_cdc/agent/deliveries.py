@@ -1,7 +1,7 @@
 """Which records Kafka has acknowledged, without a delivery report or a receipt per record.
 
-confluent-kafka calls a Python function for each delivery report asked for; that costs about 2 µs a
-record, a fifth of the agent's whole budget per mutation. The producer is idempotent and gapless
+confluent-kafka calls a Python function for each delivery report asked for; one per record would be a
+large part of the agent's budget per mutation (benchmarks/RESULTS.md, "Agent"). The producer is idempotent and gapless
 (``enable.gapless.guarantee``): Kafka acknowledges a partition's records in the order they were
 produced, and a record that fails for good is a fatal producer error rather than a gap. So the
 acknowledgement of one record covers every record produced before it to the same partition, and only

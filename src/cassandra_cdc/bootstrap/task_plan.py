@@ -23,7 +23,7 @@ from ..sstable import DataRange, SSTable, SSTableError, find_sstables
 from ..sstable.sstable_descriptor import COMPONENT_NAME
 from .bootstrap_errors import BootstrapError
 
-DEFAULT_TASK_BYTES = 64 << 20  # uncompressed Data.db bytes per task: about 1-3 s of work per core
+DEFAULT_TASK_BYTES = 64 << 20  # uncompressed Data.db bytes per task: enough work to outweigh a task's start
 _GLOB_CHARACTERS = set("*?[")
 
 

@@ -60,9 +60,8 @@ def agent(
     except (ConfigError, ValueError, OSError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2)
-    # What startup made (modules, settings, schema: 66,000 objects) lives as long as the process: frozen, the
-    # cyclic garbage collector's full collections walk only what came since (its time per 300,000 mutations:
-    # 0.09-0.10 -> 0.04-0.05 s).
+    # What startup made (modules, settings, schema: tens of thousands of objects) lives as long as the process:
+    # frozen, the cyclic garbage collector's full collections walk only what came since.
     gc.collect()
     gc.freeze()
     raise typer.Exit(runner.run())

@@ -8,12 +8,12 @@
   many on a few cores) and must not change for an existing checkpoint.
 - RocksDB commits write a changelog of the batch's changes, and snapshots are made in the background
   every few batches: without it, every micro-batch copies, zips and syncs a snapshot of each state
-  store (0.5-0.7 s a batch measured, most of a small batch's time). Spark switches an existing
+  store, most of a small batch's time. Spark switches an existing
   checkpoint over on its own.
 - With a local master, checkpoint files are written through Hadoop's ``FileSystem`` API, not
   ``FileContext``: without Hadoop's native library (pip's PySpark has none), every ``FileContext``
-  rename starts ``readlink`` processes. Measured per micro-batch: the RocksDB changelog commit 214 → 1 ms,
-  the offset log 82 → 30 ms, the commit log 120 → 35 ms. On the local file system both rename
+  rename starts ``readlink`` processes, which made the state store's commit and the offset and commit
+  logs the slowest steps of a micro-batch (benchmarks/RESULTS.md). On the local file system both rename
   atomically.
 - Python workers fork from ``cassandra_cdc.pipeline.worker_daemon``, which has pandas, pyarrow and the
   pipeline imported already (see that module).

@@ -207,4 +207,4 @@ def peek_min_timestamp_after_key(update: bytes | memoryview, key_end: int) -> in
         return None
     timestamp_delta, _ = read_unsigned_vint(update, key_end + 1)
     timestamp = timestamp_delta + TIMESTAMP_EPOCH
-    return timestamp if timestamp < _INT64_LIMIT else s64(timestamp)  # s64 only when it wraps: 0.1 µs a record
+    return timestamp if timestamp < _INT64_LIMIT else s64(timestamp)  # s64 only when it wraps: per record
