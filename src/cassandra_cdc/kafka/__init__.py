@@ -2,7 +2,8 @@
 and how they are read. Imports no Spark.
 
 - ``raw_records``: the raw change records the agents (and bootstrap) publish and the pipeline consumes;
-- ``schema_records``: the table schema records on the compacted schema topic; ``schema_catalog`` reads them.
+- ``schema_records``: the table schema records on the compacted schema topic; ``schema_catalog`` reads them;
+- ``consume``: reading partitions with a consumer (offset ranges, what is queued, pausing at the end).
 """
 
 from typing import Any

@@ -79,7 +79,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient, NewTopic
 from pyspark import TaskContext
 
-from .kafka_source import consume_range
+from ..kafka.consume import consume_range
 
 log = logging.getLogger(__name__)
 
