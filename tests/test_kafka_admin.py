@@ -20,7 +20,8 @@ def _partitions_and_cleanup(broker: EmbeddedBroker, topic: str) -> tuple[int, st
 
 
 def test_missing_topics_are_created_and_existing_ones_left_as_they_are(broker: EmbeddedBroker) -> None:
-    existing, raw, schemas = (f"topics-{name}-{uuid.uuid4().hex[:8]}" for name in ("existing", "raw", "schemas"))
+    suffix = uuid.uuid4().hex[:8]
+    existing, raw, schemas = (f"topics-{name}-{suffix}" for name in ("existing", "raw", "schemas"))
     broker.create_topic(existing, 2)
     broker.create_topic(existing, 5, compacted=True)  # exists: nothing to do
     publisher = Publisher(broker.bootstrap_servers, 64 * 1024 * 1024)

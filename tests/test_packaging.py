@@ -65,7 +65,7 @@ def test_the_agent_and_dump_run_without_spark(tmp_path: Path) -> None:
 
 
 def test_kafka_knowledge_and_its_readers_import_without_spark(tmp_path: Path) -> None:
-    """kafka/ is what every role shares: the agent, ``tail`` and the bootstrap's schema reading load no Spark."""
+    """kafka/ is what every role shares: the agent, ``tail`` and the bootstrap's schema reads load no Spark."""
     packages = ["cassandra_cdc.kafka", "cassandra_cdc.cli.tail", "cassandra_cdc.agent"]
     result = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_SPARK, *packages], capture_output=True,
                             text=True, cwd=tmp_path)

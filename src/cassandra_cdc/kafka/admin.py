@@ -46,7 +46,7 @@ def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bo
               for name, (partitions, compacted) in topics.items() if name not in existing]
     if not wanted:
         return
-    # The request's own timeout ends every future: ``admin`` must outlive them (a destroyed client fails them).
+    # The request's timeout ends every future; ``admin`` must outlive them (a destroyed client fails them).
     for name, future in admin.create_topics(wanted, request_timeout=timeout).items():
         try:
             future.result()

@@ -1,5 +1,5 @@
-"""Reading Kafka partitions with a confluent-kafka ``Consumer``: what the Spark source, the event sink's commit
-log, the schema catalog, ``cassandra-cdc tail`` and the demo's event feed share.
+"""Reading Kafka partitions with a confluent-kafka ``Consumer``: what the Spark source, the event sink's
+commit log, the schema catalog, ``cassandra-cdc tail`` and the demo's event feed share.
 
 - ``consume_range``: the records of one partition's offsets ``[start, end)``, in chunks;
 - ``consume_available``: what the consumer has queued, without waiting for a count that may never come;
@@ -108,8 +108,8 @@ class PauseAtEnd:
         for tp in positions:
             place = (tp.topic, tp.partition)
             try:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5,
-                                                              cached=False)
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition),
+                                                              timeout=5, cached=False)
             except KafkaException:
                 continue
             at_end = high == 0 or tp.offset >= high  # a negative position: nothing read yet
