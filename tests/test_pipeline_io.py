@@ -12,11 +12,15 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
+from typer.testing import CliRunner
+
+from cassandra_cdc.cli.main import app
 
 from cassandra_cdc.kafka.schema_catalog import SchemaCatalog
 from cassandra_cdc.pipeline.pipeline_config import ConfigError
 from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
-from cassandra_cdc.pipeline.streaming_job import balanced_group_keys, check_state_layout
+from cassandra_cdc.pipeline.streaming_job import (balanced_group_keys, check_checkpoint, check_checkpoint_logs,
+                                        check_state_layout)
 from cassandra_cdc.pipeline.event_sink import (SinkError, SinkSettings, Task, TransactionalTaskSink, _CommitLog,
                                          _TransactionalProducer, task_sink)
 from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
@@ -447,3 +451,49 @@ def test_a_checkpoint_refuses_another_state_layout(tmp_path):
     (older / "cassandra-cdc-state.json").write_text(json.dumps({"version": 2, "state.buckets": 64}))
     with pytest.raises(ConfigError, match="earlier version"):
         check_state_layout(older_config, 12)
+
+
+def test_an_empty_checkpoint_is_refused_once_the_pipeline_committed_output(broker, tmp_path):
+    """A lost checkpoint would make a new query that writes every event again: the commit topic's markers
+    show the pipeline ran, and only --reset-checkpoint starts it over then."""
+    server = f"fresh-{uuid.uuid4().hex[:8]}"
+    checkpoint = tmp_path / "checkpoint"
+
+    def config(**overrides):
+        return load_pipeline_config(None, {"server": server, "checkpoint": str(checkpoint),
+                                           "kafka.bootstrap_servers": broker.bootstrap_servers, **overrides})
+
+    check_checkpoint(config())  # a first start
+    settings = SinkSettings(broker.bootstrap_servers, f"{server}.pipeline-commits", "cassandra-cdc",
+                            topic_partitions=1)
+    write_task(settings, Task(0, 1, "the-lost-query"), f"{server}.app.users", 3)
+    result = CliRunner().invoke(app, ["pipeline", "--bootstrap-servers", broker.bootstrap_servers,
+                                      "--server", server, "--checkpoint", str(checkpoint)])
+    assert result.exit_code == 2
+    [line] = result.output.splitlines()
+    assert str(checkpoint) in line and f"{server}.pipeline-commits" in line and "--reset-checkpoint" in line
+    check_checkpoint(config(reset_checkpoint=True))
+    (checkpoint / "offsets").mkdir(parents=True)
+    offsets = 'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1}\n{"0":{"0":3}}'  # as Spark writes them
+    (checkpoint / "offsets" / "0").write_text(offsets)
+    check_checkpoint(config())  # the checkpoint has progress: a restart
+
+
+def test_a_damaged_checkpoint_file_is_named_in_one_line(spark, broker, tmp_path):
+    server = f"damaged-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(f"{server}.raw", 1)
+    produce(broker, f"{server}.raw", [(0, b"k%d" % i, b"v%d" % i) for i in range(4)])
+    checkpoint = tmp_path / "checkpoint"
+    run_available_now(spark, broker, f"{server}.raw", checkpoint, max_offsets=2)  # Spark's own batch logs
+    (checkpoint / "cassandra-cdc-state.json").write_text(json.dumps(
+        {"version": 3, "spark.shuffle_partitions": 2, "raw_topic.partitions": 1}))
+    config = load_pipeline_config(None, {"server": server, "checkpoint": str(checkpoint),
+                                         "kafka.bootstrap_servers": broker.bootstrap_servers})
+    check_checkpoint_logs(config)
+    damaged = max((checkpoint / "offsets").glob("[0-9]*"), key=lambda path: int(path.name))
+    damaged.write_bytes(damaged.read_bytes()[:-7] + b"\x00garbage")
+    result = CliRunner().invoke(app, ["pipeline", "--bootstrap-servers", broker.bootstrap_servers,
+                                      "--server", server, "--checkpoint", str(checkpoint)])
+    assert result.exit_code == 2
+    [line] = result.output.splitlines()
+    assert str(damaged) in line and "restore the checkpoint" in line

@@ -25,13 +25,15 @@ import fastavro
 import pandas as pd
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.storage import PartitionUpdateSerializer
-from cassandra_cdc.storage.binary_io import DataInput
+from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.merge.reconcile import apply
 from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, _collector_paused, _Partitions
-from cassandra_cdc.pipeline.event_sink import SinkSettings, Task
+from cassandra_cdc.pipeline.event_sink import SinkSettings, Task, TaskSink
 from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import parse_schema
@@ -347,6 +349,60 @@ def test_a_damaged_copy_is_reported_and_never_hides_a_good_one(processor: Any) -
     assert [error["reason"] for error in errors] == ["raw record digest does not match its partition update bytes"] * 2
 
 
+def is_an_update_cassandra_writes(update: bytes) -> bool:
+    """Whether ``update`` is exactly the commit log writer's encoding of a partition update (which
+    test_real_segments.py checks is Cassandra's own, byte for byte), judged by that writer alone."""
+    try:
+        decoded = PartitionUpdateSerializer.deserialize(DataInput(update), SCHEMA, 7)
+    except (ValueError, IndexError):
+        return False
+    written = DataOutput()
+    PartitionUpdateSerializer.serialize(decoded, written, 7)
+    return bytes(written) == update
+
+
+USERS_ID = SCHEMA.table("app", "users").id.bytes
+# What follows the table id: anything, or a well-formed key of the table (an int) and then anything.
+RANDOM_UPDATE_BODIES = st.one_of(st.binary(max_size=80), st.builds(
+    lambda key, rest: b"\x04" + key.to_bytes(4, "big", signed=True) + rest, st.integers(-2**31, 2**31 - 1),
+    st.binary(max_size=80)))
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(bodies=st.lists(RANDOM_UPDATE_BODIES, min_size=1, max_size=8))
+def test_random_update_bytes_under_a_valid_header_are_dead_lettered_never_merged(
+        processor: Any, monkeypatch: Any, bodies: list[bytes]) -> None:
+    """A raw record's header is checked by its digest; what the digest covers must also be an update of
+    the record's table, read to its last byte. Bytes that are not go to the errors topic; none makes an
+    event or any merge state."""
+    change_processor, handle = processor
+    written: list[tuple[str, bytes | None]] = []  # what the task hands its sink (which writes it to Kafka)
+    produce = TaskSink.produce
+    monkeypatch.setattr(TaskSink, "produce", lambda sink, topic, key, value: written.append((topic, value))
+                        or produce(sink, topic, key, value))
+    updates = [USERS_ID + body for body in bodies if not is_an_update_cassandra_writes(USERS_ID + body)]
+    records = []
+    for update in updates:
+        try:
+            key = record_key(update)  # what the agent keys the record with
+        except IndexError:
+            key = USERS_ID
+        records.append((key, RawRecord("node1", 1, 100, 7, NOW, update).encode()))
+    frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
+                          "partition": [0] * len(records), "offset": list(range(len(records)))})
+    handle.current = (0,)
+    change_processor.init(handle)  # type: ignore[arg-type]
+    list(change_processor.handleInputRows((0,), iter([frame]), _Clock()))
+    change_processor.close()
+    change_processor.next_batch()  # type: ignore[attr-defined]
+    assert {topic for topic, _ in written} <= {f"{SERVER}.errors"}
+    errors = [json.loads(value) for _, value in written]  # type: ignore[arg-type]
+    assert [base64.b64decode(error["value"]) for error in errors] == [value for _, value in records]
+    assert all(error["reason"] for error in errors)
+    assert not any(state.exists() for state in handle.values.values())
+
+
 def test_rows_naming_offset_ranges_are_read_from_the_raw_topic(processor: Any, broker: Any) -> None:
     """With the Python source, the rows name offsets of the raw topic: the task reads them itself."""
     change_processor, handle = processor
@@ -390,10 +446,10 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
     decode = change_processor._decode
     calls = itertools.count()
 
-    def failing_decode(record: Any) -> Any:
+    def failing_decode(*record: Any) -> Any:
         if next(calls) == 1:
             raise RuntimeError("the executor is lost")
-        return decode(record)
+        return decode(*record)
 
     two = copies(Update("app.users", {"id": 1}, {"age": 40}, timestamp=NOW + 3)) \
         + copies(Insert("app.users", {"id": 2, "name": "cy", "age": 5}, timestamp=NOW + 3))

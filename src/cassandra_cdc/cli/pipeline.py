@@ -19,6 +19,9 @@ def pipeline(
     format: Annotated[Optional[str], typer.Option("--format", help="Event format: json or avro.")] = None,
     master: Annotated[Optional[str], typer.Option(help="Spark master (default local[2]).")] = None,
     duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.")] = None,
+    reset_checkpoint: Annotated[bool, typer.Option(
+        "--reset-checkpoint", help="Start on an empty checkpoint although an earlier run's output is in "
+                                   "Kafka: every event is written again.")] = False,
     log_level: LogLevelOption = LogLevel.INFO,
 ) -> None:
     """Run the Spark Structured Streaming job: read the raw topic, merge every replica's copy per
@@ -33,7 +36,8 @@ def pipeline(
 
     configure_logging(log_level.value)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
-                 "output.format": format, "spark.master": master}
+                 "output.format": format, "spark.master": master,
+                 "reset_checkpoint": reset_checkpoint or None}  # None: as the file says
     try:
         settings = load_config(config, overrides)
         check_checkpoint(settings)

@@ -32,8 +32,10 @@ try:
 except ImportError:  # a Python built without it
     from hashlib import md5
 
-from ..storage.partition_update import peek_min_timestamp_after_key
+from ..storage.binary_io import DataInput
+from ..storage.partition_update import PartitionUpdate, PartitionUpdateSerializer, peek_min_timestamp_after_key
 from ..storage.vint import read_unsigned_vint
+from ..schema import Schema
 
 FORMAT_VERSION = 1
 FLAG_SNAPSHOT = 0x01
@@ -84,6 +86,33 @@ class RawRecord(NamedTuple):
             raise RawRecordError("raw record digest does not match its partition update bytes")
         return RawRecord(value[HEADER_SIZE:node_end].decode("utf-8"), segment_id, position, cl_version, write_time,
                          update, bool(flags & FLAG_SNAPSHOT))
+
+
+def decode_update(record_key: bytes, record: RawRecord, schema: Schema) -> PartitionUpdate:
+    """The record's partition update, decoded strictly: damaged bytes under a valid header are refused.
+
+    ``RawRecord.decode`` checked the digest: these are the bytes the agent sent. On top of what the
+    decoder checks as it reads (flags, row count, column lists of the table's columns), the update must
+    end where the bytes end, its partition key must be one of the table's, and the Kafka key must name
+    its partition (the consumer keeps state per Kafka key). Raises ``MutationDecodeError``,
+    ``RawRecordError`` or another ``ValueError`` (``EndOfData``) when one does not hold.
+    """
+    data = DataInput(record.update)
+    update = PartitionUpdateSerializer.deserialize(data, schema, record.commitlog_version)
+    if data.pos != data.end:
+        raise RawRecordError(f"{data.end - data.pos} bytes follow the partition update")
+    table, key = update.table, update.key
+    values = table.split_partition_key(key)
+    for column, value in zip(table.partition_key, values):
+        fixed = column.type.fixed_length
+        if fixed is not None and len(value) != fixed:
+            raise RawRecordError(f"partition key {key.hex()} is no key of {table.qualified_name}: "
+                                 f"{column.name} is {len(value)} bytes, not {fixed}")
+    if not key:
+        raise RawRecordError(f"empty partition key in an update of {table.qualified_name}")
+    if record_key[16:] != key or record_key[:16] != record.update[:16]:
+        raise RawRecordError(f"the Kafka key {record_key.hex()} does not name the partition of the update")
+    return update
 
 
 def encode_raw_record(node_id: bytes, segment_id: int, position: int, commitlog_version: int, write_time: int,

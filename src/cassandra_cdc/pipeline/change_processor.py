@@ -49,11 +49,10 @@ from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, Stateful
                                                       StatefulProcessorHandle, TimerValues)
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
-from ..storage import PartitionUpdateSerializer
 from ..storage.decode_errors import MutationDecodeError
-from ..storage.binary_io import DataInput, EndOfData
+from ..storage.binary_io import EndOfData
 from ..schema import TableMetadata
-from ..kafka.raw_records import DIGEST_OFFSET, DIGEST_SIZE, RawRecord, RawRecordError
+from ..kafka.raw_records import DIGEST_OFFSET, DIGEST_SIZE, RawRecord, RawRecordError, decode_update
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..merge.reconcile import PartitionState, RowChange, apply_update, expire, next_expiry
@@ -195,7 +194,7 @@ class ChangeProcessor(StatefulProcessor):
         digest = value[DIGEST_OFFSET:DIGEST_OFFSET + DIGEST_SIZE]  # checked against the update by decode: no MD5 again
         if state is not None and state.seen(digest):
             return  # another replica's copy of an update already merged
-        table_version = self._decode(record)
+        table_version = self._decode(record_key, record)
         if isinstance(table_version, str):
             self._error(record_key, value, table_version)
             return
@@ -207,7 +206,7 @@ class ChangeProcessor(StatefulProcessor):
                         record.snapshot, record.node_id, record.segment_id, record.position)
         self._emit(table, version, changes, source, record.snapshot, now_ms)
 
-    def _decode(self, record: RawRecord) -> tuple[TableMetadata, str, Any] | str:
+    def _decode(self, record_key: bytes, record: RawRecord) -> tuple[TableMetadata, str, Any] | str:
         """The record's table and decoded partition update, or the reason it cannot be decoded.
 
         An unknown table, or a column its known definition lacks, means the schema topic has news (the
@@ -227,8 +226,7 @@ class ChangeProcessor(StatefulProcessor):
             if found is None:
                 continue
             try:
-                update = PartitionUpdateSerializer.deserialize(DataInput(record.update), self.catalog.schema,
-                                                               record.commitlog_version)
+                update = decode_update(record_key, record, self.catalog.schema)
                 return found[0], found[1], update
             except (MutationDecodeError, EndOfData, ValueError, IndexError, KeyError) as error:
                 reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"

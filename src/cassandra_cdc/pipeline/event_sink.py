@@ -358,6 +358,12 @@ class _CommitLog:
         self._catch_up()
         return self._last.get((key, query_id))
 
+    def partitions_committed(self, query_name: str) -> int:
+        """How many state partitions of streaming queries named ``query_name`` committed a batch here,
+        under any query id (any checkpoint)."""
+        self._catch_up()
+        return len({key for key, _ in self._last if key.rpartition("-")[0] == query_name})
+
     def close(self) -> None:
         self._consumer.close()
         for identity, instance in list(self._instances.items()):
@@ -446,9 +452,18 @@ class AtLeastOnceTaskSink(TaskSink):
                             f"{self.records} records were not delivered, e.g. {self._failures[0]}")
 
 
+def partitions_committed(settings: SinkSettings) -> int:
+    """How many state partitions of the query ``settings.query_name`` committed output transactions to
+    Kafka, as their markers in the commit topic say (0 when it does not exist)."""
+    admin = settings.admin_settings()
+    if settings.commit_topic not in AdminClient(admin).list_topics(timeout=TIMEOUT).topics:
+        return 0
+    return _CommitLog.of(admin, settings.commit_topic).partitions_committed(settings.query_name)
+
+
 def task_sink(settings: SinkSettings, task: Task) -> TaskSink:
     return TransactionalTaskSink(settings, task) if settings.exactly_once else AtLeastOnceTaskSink(settings, task)
 
 
 __all__ = ["AtLeastOnceTaskSink", "SinkError", "SinkSettings", "Task", "TaskSink", "TransactionalTaskSink",
-           "ensure_topic", "task_sink"]
+           "ensure_topic", "partitions_committed", "task_sink"]

@@ -21,7 +21,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
-from .event_sink import SinkSettings
+from .event_sink import SinkSettings, partitions_committed
 from .kafka_source import KafkaDataSource, SourceOptions
 from .spark_session import kafka_format_available, spark_session
 
@@ -60,8 +60,7 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
     The result has no rows; running it (any sink) runs the pipeline."""
     raw, ranges = read_raw(spark, config)
     kafka = config.kafka
-    sink = SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
-                        tuple(sorted(kafka.producer.items())), kafka.events_topic_partitions)
+    sink = sink_settings(config)
     settings = ProcessorSettings(
         server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
         schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
@@ -72,6 +71,12 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
     group = F.element_at(F.expr(f"array({', '.join(f'{key}L' for key in keys)})"), (F.col("partition") + 1).cast("int"))
     return raw.withColumn("group", group).groupBy("group").transformWithStateInPandas(
         ChangeProcessor(settings), OUTPUT_SCHEMA, "Update", "ProcessingTime")
+
+
+def sink_settings(config: PipelineConfig) -> SinkSettings:
+    kafka = config.kafka
+    return SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
+                        tuple(sorted(kafka.producer.items())), kafka.events_topic_partitions)
 
 
 def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> list[int]:
@@ -146,10 +151,56 @@ def raw_topic_partitions(config: PipelineConfig) -> int | None:
     return count
 
 
+def check_not_restarted_from_scratch(config: PipelineConfig) -> None:
+    """Refuse a checkpoint without progress when the pipeline's output says it ran before.
+
+    With a lost or deleted checkpoint, Spark starts a new query from the raw topic's start: every event
+    is written again, and, the new query id not being the old one, the sink's markers do not stop it
+    (sink.py), so read_committed consumers see each one twice. The markers of the query's state
+    partitions in the commit topic show that it ran: only ``reset_checkpoint`` starts over then.
+    (Without ``exactly_once`` there are no markers, and no check.)
+    """
+    checkpoint = Path(config.checkpoint)
+    if config.reset_checkpoint or any((checkpoint / "offsets").glob("[0-9]*")):
+        return
+    committed = partitions_committed(sink_settings(config))
+    if committed:
+        raise ConfigError(f"checkpoint {checkpoint} is empty or missing, but {committed} state partition(s) "
+                          f"of an earlier run committed output to Kafka (topic {config.commit_topic}): "
+                          "starting over would write every event again; restore the checkpoint, or pass "
+                          "--reset-checkpoint (reset_checkpoint: true) to reprocess the raw topic from its "
+                          "start")
+
+
+# Spark's logs of planned and of completed micro-batches: per batch a file named by its id, a version
+# line ("v1"), then one JSON value per line ("-" for a source without an offset).
+CHECKPOINT_LOGS = ("offsets", "commits")
+
+
+def check_checkpoint_logs(config: PipelineConfig) -> None:
+    """Refuse a checkpoint whose batch logs Spark could not read, naming the file: Spark would fail the
+    query with a Java stack trace that does not say which file."""
+    checkpoint = Path(config.checkpoint)
+    for log_name in CHECKPOINT_LOGS:
+        for path in sorted((checkpoint / log_name).glob("[0-9]*")):
+            try:
+                version, *values = path.read_text(encoding="utf-8").splitlines()
+                if not (version.startswith("v") and version[1:].isdigit()) or not values:
+                    raise ValueError("no version line and values")
+                for value in values:
+                    if value != "-":
+                        json.loads(value)
+            except (OSError, ValueError) as error:
+                raise ConfigError(f"checkpoint file {path} is damaged ({error}): restore the checkpoint "
+                                  "from a backup, or start a new one (see --reset-checkpoint)") from None
+
+
 def check_checkpoint(config: PipelineConfig) -> None:
     """What ``start`` checks before it starts the query (the CLI calls it before Spark starts)."""
+    check_checkpoint_logs(config)
     try:
         partitions = raw_topic_partitions(config)
+        check_not_restarted_from_scratch(config)
     except KafkaException as error:
         raise ConfigError(f"cannot reach Kafka at {config.kafka.bootstrap_servers}: {error}") from error
     check_state_layout(config, partitions)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ..schema.model import ColumnMetadata, Schema, TableMetadata
 from .cells import DeletionTime
-from .decode_errors import UnknownTableError
+from .decode_errors import MutationDecodeError, UnknownTableError
 from .serialization_header import TIMESTAMP_EPOCH, EncodingStats, SerializationHeader, StatsCollector
 from .binary_io import DataInput, DataOutput
 from .rows import END_OF_PARTITION, RangeTombstoneMarker, Row, Unfiltered, UnfilteredSerializer
@@ -21,6 +21,9 @@ IS_REVERSED = 0x02
 HAS_PARTITION_DELETION = 0x04
 HAS_STATIC_ROW = 0x08
 HAS_ROW_ESTIMATE = 0x10
+# What Cassandra writes for a partition update: IS_EMPTY alone, or the other flags with the row count
+# (``update.rowCount()``) always there, and never IS_REVERSED. Anything else is damage, not data.
+_UPDATE_FLAGS = HAS_PARTITION_DELETION | HAS_STATIC_ROW | HAS_ROW_ESTIMATE
 
 # Column lists cached per table (ColumnsSerializer): enough for every subset a workload's statements write,
 # bounded for a wide table updated in arbitrary column combinations.
@@ -77,23 +80,30 @@ class PartitionUpdateSerializer:
         if table is None:
             raise UnknownTableError(uuid.UUID(bytes=table_id), start)
         key = inp.bytes_vint()
+        flags_offset = inp.pos
         flags = inp.byte()
-        if flags & IS_EMPTY:
+        if flags == IS_EMPTY:
             return PartitionUpdate(table, key)
+        if flags & ~_UPDATE_FLAGS or not flags & HAS_ROW_ESTIMATE:
+            raise MutationDecodeError(f"partition update flags {flags:#04x} are not a mutation's",
+                                      flags_offset)
         stats = EncodingStats.deserialize(inp)
-        statics = ColumnsSerializer.deserialize(inp, table) if flags & HAS_STATIC_ROW else ()
-        regulars = ColumnsSerializer.deserialize(inp, table)
+        statics = ColumnsSerializer.deserialize(inp, table, static=True) if flags & HAS_STATIC_ROW else ()
+        regulars = ColumnsSerializer.deserialize(inp, table, static=False)
         header = SerializationHeader(table, version, stats, regulars, statics)
         update = PartitionUpdate(table, key, regular_columns=regulars, static_columns=statics)
         if flags & HAS_PARTITION_DELETION:
             update.partition_deletion = DeletionTime.deserialize(inp, header)
         if flags & HAS_STATIC_ROW:
             update.static_row = UnfilteredSerializer.deserialize_static_row(inp, header)
-        if flags & HAS_ROW_ESTIMATE:
-            inp.uvint()  # rows that follow: an allocation hint only
+        row_count = inp.uvint()
         unfiltereds = update.unfiltereds
         while (row_flags := inp.byte()) != END_OF_PARTITION:
             unfiltereds.append(UnfilteredSerializer.deserialize(inp, header, row_flags))
+        # Checked once at the end rather than per row: more unfiltereds than rows means range markers.
+        if len(unfiltereds) != row_count and len(update.rows) != row_count:
+            raise MutationDecodeError(f"partition update announces {row_count} rows but holds "
+                                      f"{len(update.rows)}", start)
         return update
 
     @staticmethod
@@ -133,7 +143,8 @@ class ColumnsSerializer:
     """A header's column list: a count, then each column's name bytes."""
 
     @staticmethod
-    def deserialize(inp: DataInput, table: TableMetadata) -> tuple[ColumnMetadata, ...]:
+    def deserialize(inp: DataInput, table: TableMetadata, static: bool) -> tuple[ColumnMetadata, ...]:
+        """The header's ``static`` (or regular) columns: each of them one of the table's of that kind."""
         # A table's updates repeat a few column lists: skip over the names and look the list's bytes up,
         # resolving the names only the first time.
         buf, start = inp.buf, inp.pos
@@ -148,16 +159,28 @@ class ColumnsSerializer:
             columns = ColumnsSerializer._resolve(DataInput(encoded), table)
             if len(table.column_headers) < MAX_CACHED_COLUMN_HEADERS:
                 table.column_headers[encoded] = columns
+        first = columns[0] if columns else None
+        if first is not None and first.is_static != static and first.dropped_time is None:
+            kind = "static" if static else "regular"
+            raise ValueError(f"the {kind} columns of a {table.qualified_name} update list {first.name!r}")
         return columns
 
     @staticmethod
     def _resolve(inp: DataInput, table: TableMetadata) -> tuple[ColumnMetadata, ...]:
-        columns = []
+        columns: list[ColumnMetadata] = []
+        listed_static: bool | None = None  # whether the columns so far are static
         for _ in range(inp.uvint()):
             name = inp.bytes_vint()
             column = table.column(name)
             if column is None:
                 raise ValueError(f"unknown column {name.decode('utf-8', 'replace')!r} of {table.qualified_name}")
+            # A dropped column's kind may not be known: it is taken for either.
+            if column in columns or (listed_static is not None and column.dropped_time is None
+                                       and column.is_static != listed_static):
+                raise ValueError(f"the column list of a {table.qualified_name} update mixes static and "
+                                 f"regular columns or repeats one: {[c.name for c in columns + [column]]}")
+            if listed_static is None and column.dropped_time is None:
+                listed_static = column.is_static
             columns.append(column)
         return tuple(columns)
 
