@@ -14,7 +14,7 @@ SPARK_ROLE_PACKAGES = {"pyspark", "pyarrow", "pandas", "numpy", "protobuf", "noi
 
 # Run in a fresh interpreter where the Spark roles' packages cannot be imported, as on a node where only
 # `pip install cassandra-cdc` ran.
-WITHOUT_SPARK = """
+SPARK_BLOCKED = """
 import importlib.abc, sys
 blocked = {"pyspark", "pyarrow", "pandas", "numpy", "google.protobuf"}
 class Absent(importlib.abc.MetaPathFinder):
@@ -23,9 +23,19 @@ class Absent(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
         return None
 sys.meta_path.insert(0, Absent())
+"""
+WITHOUT_SPARK = SPARK_BLOCKED + """
 sys.argv = ["cassandra-cdc", *sys.argv[1:]]
 from cassandra_cdc.cli import main
 main()
+"""
+# Every module of the packages named on the command line, imported where Spark cannot be.
+IMPORT_WITHOUT_SPARK = SPARK_BLOCKED + """
+import importlib, pkgutil
+for name in sys.argv[1:]:
+    module = importlib.import_module(name)
+    for found in pkgutil.walk_packages(getattr(module, "__path__", []), name + "."):
+        importlib.import_module(found.name)
 """
 
 
@@ -52,6 +62,18 @@ def test_the_agent_and_dump_run_without_spark(tmp_path: Path) -> None:
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.count("\n") > 10
+
+
+def test_kafka_knowledge_and_its_readers_import_without_spark(tmp_path: Path) -> None:
+    """kafka/ is what every role shares: the agent, ``tail`` and the bootstrap's schema reads load no Spark."""
+    packages = ["cassandra_cdc.kafka", "cassandra_cdc.cli.tail", "cassandra_cdc.agent"]
+    result = subprocess.run([sys.executable, "-c", IMPORT_WITHOUT_SPARK, *packages], capture_output=True,
+                            text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    result = subprocess.run([sys.executable, "-c", WITHOUT_SPARK, "tail", "--help"], capture_output=True,
+                            text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Print the records of a topic" in result.stdout
 
 
 def test_make_installs_the_locked_versions() -> None:

@@ -16,7 +16,9 @@ import time
 from typing import Any, Callable
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+
+from ..kafka.admin import admin_settings, create_missing_topics
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("cassandra_cdc.librdkafka")
@@ -56,8 +58,7 @@ class Publisher:
         }
         settings.update(extra or {})
         self._producer = Producer(settings)
-        self._admin_settings = {k: v for k, v in settings.items()
-                                if k.startswith(("bootstrap.", "security.", "sasl.", "ssl.", "logger"))}
+        self._admin_settings = admin_settings(settings)
         self._admin: AdminClient | None = None  # one for every attempt: each new client logs its own failures
         self._on_reachability = on_reachability
         self.reachable = True
@@ -83,19 +84,8 @@ class Publisher:
         """Create missing topics: name -> (partitions, compacted). Existing topics are left as they are."""
         if self._admin is None:
             self._admin = AdminClient(self._admin_settings)
-        admin = self._admin
-        admin.poll(0)  # serves its log
-        existing = admin.list_topics(timeout=timeout).topics
-        wanted = [NewTopic(name, num_partitions=partitions, replication_factor=-1,
-                           config={"cleanup.policy": "compact"} if compacted else {})
-                  for name, (partitions, compacted) in topics.items() if name not in existing]
-        for name, future in admin.create_topics(wanted, request_timeout=timeout).items() if wanted else ():
-            try:
-                future.result()
-                log.info("created topic %s", name)
-            except KafkaException as error:
-                if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                    raise
+        self._admin.poll(0)  # serves its log
+        create_missing_topics(self._admin, topics, timeout)
 
     def publish(self, topic: str, key: bytes, value: bytes, on_delivery: Acknowledge | None,
                 should_stop: Callable[[], bool] = lambda: False, partition: int = -1) -> bool:

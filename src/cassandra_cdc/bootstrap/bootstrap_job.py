@@ -11,9 +11,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Sequence
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
+from ..kafka import RAW_TOPIC_PARTITIONS
+from ..kafka.admin import TopicCreationFailed, admin_settings, create_missing_topics
 from ..kafka.schema_catalog import SchemaCatalog
 from ..pipeline.pipeline_config import PipelineConfig
 from ..schema import SchemaError, TableMetadata, load_schema_files
@@ -26,7 +28,6 @@ from .sstable_records import RecordLimits, RecordStats
 
 log = logging.getLogger(__name__)
 
-RAW_TOPIC_PARTITIONS = 12  # as the agents create it (agent config kafka.raw_topic_partitions)
 SCHEMA_NODE = "bootstrap"
 KAFKA_TIMEOUT_SECONDS = 30.0
 
@@ -214,27 +215,15 @@ def resolve_table(config: PipelineConfig, table_name: str,
 
 def ensure_topics(config: PipelineConfig) -> None:
     """Create the raw and schema topics if they do not exist yet (as the agents would)."""
-    settings = {"bootstrap.servers": config.kafka.bootstrap_servers,
-                **{k: v for k, v in config.kafka.producer.items()
-                   if k.startswith(("security.", "sasl.", "ssl."))}}
-    admin = AdminClient(settings)
+    admin = AdminClient(admin_settings({"bootstrap.servers": config.kafka.bootstrap_servers,
+                                        **config.kafka.producer}))
     try:
-        existing = admin.list_topics(timeout=KAFKA_TIMEOUT_SECONDS).topics
+        create_missing_topics(admin, {config.raw_topic: (RAW_TOPIC_PARTITIONS, False),
+                                      config.schema_topic: (1, True)}, KAFKA_TIMEOUT_SECONDS)
+    except TopicCreationFailed as error:
+        raise BootstrapError(str(error)) from None
     except KafkaException as error:
         raise BootstrapError(f"Kafka at {config.kafka.bootstrap_servers} does not answer: {error}") from None
-    wanted = {config.raw_topic: NewTopic(config.raw_topic, RAW_TOPIC_PARTITIONS, replication_factor=-1),
-              config.schema_topic: NewTopic(config.schema_topic, 1, replication_factor=-1,
-                                            config={"cleanup.policy": "compact"})}
-    missing = [topic for name, topic in wanted.items() if name not in existing]
-    if not missing:
-        return
-    for name, future in admin.create_topics(missing, request_timeout=KAFKA_TIMEOUT_SECONDS).items():
-        try:
-            future.result()
-            log.info("created topic %s", name)
-        except KafkaException as error:
-            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise BootstrapError(f"cannot create topic {name}: {error}") from None
 
 
 def publish_schema(config: PipelineConfig, table: TableMetadata) -> None:

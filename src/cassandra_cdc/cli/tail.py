@@ -39,7 +39,7 @@ def tail(
     """
     from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
 
-    from ..demo.feed import END_CHECK_SECONDS, PauseAtEnd
+    from ..kafka.consume import END_CHECK_SECONDS, PauseAtEnd
 
     if max_records is not None and max_records < 1:
         raise typer.BadParameter("--max must be at least 1")

@@ -61,8 +61,3 @@ ADDED_COLUMN = "country"
 CDC_TABLES = ("shop.orders", "shop.page_views", "shop.users")
 NON_CDC_TABLE = "shop.audit"
 TABLES = CDC_TABLES + (NON_CDC_TABLE,)
-
-
-def event_topic(table: str) -> str:
-    """The topic the pipeline writes a table's events to."""
-    return f"{SERVER}.{table}"

@@ -21,56 +21,12 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 
 from .table_check import ReplayedTable
 from ..events.event_text import changes_text, key_text
+from ..kafka.consume import END_CHECK_SECONDS, PauseAtEnd
 
 log = logging.getLogger(__name__)
 
 TOPIC_REFRESH_SECONDS = 1.0
-END_CHECK_SECONDS = 0.3
 WINDOW_SECONDS = 5.0  # throughput and latency are shown over this window
-
-
-class PauseAtEnd:
-    """Pauses the partitions a consumer has read to their end, resumes them when records arrive.
-
-    A consumer keeps sending fetch requests for every assigned partition; a broker answers an empty one
-    after ``fetch.wait.max.ms``, but noida-db (the embedded broker) answers at once, so an idle consumer
-    spins on it (a third of a core). Pausing a partition stops its fetches; its high watermark, read
-    every ``END_CHECK_SECONDS``, says when to fetch again. (Positions move past transaction markers, so
-    a partition read to its end has position == high watermark, also with read_committed.)
-    """
-
-    def __init__(self, consumer: Consumer) -> None:
-        self.consumer = consumer
-        self.paused: set[tuple[str, int]] = set()
-        self._checked = 0.0
-
-    def check(self, partitions: list[tuple[str, int]], force: bool = False) -> None:
-        if not force and time.monotonic() - self._checked < END_CHECK_SECONDS:
-            return
-        self._checked = time.monotonic()
-        positions = self.consumer.position([TopicPartition(t, p) for t, p in partitions])
-        pause, resume = [], []
-        for tp in positions:
-            place = (tp.topic, tp.partition)
-            try:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5,
-                                                              cached=False)
-            except KafkaException:
-                continue
-            at_end = high == 0 or tp.offset >= high  # a negative position: nothing read yet
-            if at_end and place not in self.paused:
-                pause.append(TopicPartition(*place))
-                self.paused.add(place)
-            elif not at_end and place in self.paused:
-                resume.append(TopicPartition(*place))
-                self.paused.discard(place)
-        if pause:
-            self.consumer.pause(pause)
-        if resume:
-            self.consumer.resume(resume)
-
-    def all_paused(self, partitions: list[tuple[str, int]]) -> bool:
-        return all(place in self.paused for place in partitions)
 
 
 @dataclass(frozen=True)
@@ -261,4 +217,4 @@ class EventFeed:
                 window.popleft()
 
 
-__all__ = ["EventFeed", "FeedSnapshot", "PauseAtEnd", "RecentEvent"]
+__all__ = ["EventFeed", "FeedSnapshot", "RecentEvent"]

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from rich.console import Console
 
 from ..agent.segment_status import segment_statuses
+from ..kafka import event_topic
 from ..schema import Schema, load_schema_files
 from ..simulator import BrokerError, Clock, Cluster, EmbeddedBroker, Workload
 from .table_check import CheckResult, compare_rows, normalized
@@ -40,7 +41,7 @@ from .feed import EventFeed
 from .processes import ChildProcess
 from .view import DemoStatus, NodeStatus, View
 from .demo_workload import (ADDED_COLUMN, ALTER_CQL, ALTERED_TABLE, CDC_TABLES, NON_CDC_TABLE, SCHEMA_CQL, SERVER,
-                       TABLES, event_topic)
+                       TABLES)
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +222,7 @@ class Demo:
     def _wait_for_raw_topic(self) -> None:
         """The agents create the raw topic; the pipeline needs it to subscribe."""
         assert self.broker is not None
-        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap_servers})
+        admin = self.broker.admin()
         deadline = time.monotonic() + RAW_TOPIC_TIMEOUT
         while not self._topic_exists(admin, f"{SERVER}.raw"):
             self._check_children()
@@ -435,8 +436,8 @@ class Demo:
                 result.fail(f"{table}: no events at all")
             else:
                 result.ok(f"{table}: {events:,} events replay into exactly the table's {rows:,} rows")
-        topics = AdminClient({"bootstrap.servers": self.broker.bootstrap_servers}).list_topics(timeout=10).topics
-        audit_topic = event_topic(NON_CDC_TABLE)
+        topics = self.broker.admin().list_topics(timeout=10).topics
+        audit_topic = event_topic(SERVER, NON_CDC_TABLE)
         if audit_topic in topics:
             result.fail(f"{NON_CDC_TABLE} has no cdc = true, yet the topic {audit_topic} exists")
         elif not self.status.statements.get(NON_CDC_TABLE):

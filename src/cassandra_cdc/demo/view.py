@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .feed import WINDOW_SECONDS, FeedSnapshot
-from .demo_workload import ADDED_COLUMN, ALTER_CQL, ALTERED_TABLE, CDC_TABLES, TABLES, event_topic
+from .demo_workload import ADDED_COLUMN, ALTER_CQL, ALTERED_TABLE, CDC_TABLES, TABLES
 
 PLAIN_INTERVAL_SECONDS = 10.0
 OP_STYLES = {"c": "green", "u": "yellow", "d": "red", "r": "cyan"}
@@ -211,4 +211,4 @@ class View:
             self.update(force=True)
 
 
-__all__ = ["DemoStatus", "NodeStatus", "View", "event_topic", "render", "summary_line"]
+__all__ = ["DemoStatus", "NodeStatus", "View", "render", "summary_line"]

@@ -15,6 +15,7 @@ from typing import Any, Callable, Literal, NamedTuple
 
 import fastavro
 
+from ..kafka import event_topic
 from ..schema import ColumnKind, TableMetadata
 from .field_mapping import FieldMapping, avro_names
 
@@ -71,17 +72,13 @@ class _Column(NamedTuple):
     optional: bool
 
 
-def event_topic(server: str, table: TableMetadata) -> str:
-    return f"{server}.{table.keyspace}.{table.name}"
-
-
 class EventEncoder:
     """Encodes the events of one table (one schema version) in one format."""
 
     def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
                  schema_registry: "SchemaRegistry | None" = None) -> None:
         self.table = table
-        self.topic = event_topic(server, table)
+        self.topic = event_topic(server, table.qualified_name)
         self.format = fmt
         self._name = f"{server}.{table.keyspace}.{table.name}"
         names = tuple(c.name for c in table.columns)

@@ -2,26 +2,12 @@
 and how they are read. Imports no Spark.
 
 - ``raw_records``: the raw change records the agents (and bootstrap) publish and the pipeline consumes;
-- ``schema_records``: the table schema records on the compacted schema topic; ``schema_catalog`` reads them.
+- ``schema_records``: the table schema records on the compacted schema topic; ``schema_catalog`` reads them;
+- ``consume``: reading partitions with a consumer (offset ranges, what is queued, pausing at the end);
+- ``admin``: creating the topics and the admin clients' settings;
+- ``topic_names``: the topics' names (re-exported here).
 """
 
-from typing import Any
+from .topic_names import RAW_TOPIC_PARTITIONS, ServerTopics, event_topic
 
-
-class ServerTopics:
-    """The topic names every component derives from ``server`` unless configured (``kafka.*_topic``)."""
-
-    server: str
-    kafka: Any  # has raw_topic, schema_topic and errors_topic (None: the default)
-
-    @property
-    def raw_topic(self) -> str:
-        return self.kafka.raw_topic or f"{self.server}.raw"
-
-    @property
-    def schema_topic(self) -> str:
-        return self.kafka.schema_topic or self.server
-
-    @property
-    def errors_topic(self) -> str:
-        return self.kafka.errors_topic or f"{self.server}.errors"
+__all__ = ["RAW_TOPIC_PARTITIONS", "ServerTopics", "event_topic"]

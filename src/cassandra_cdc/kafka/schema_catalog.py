@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from ..schema import Schema, TableMetadata
+from .consume import consume_available
 from .schema_records import SchemaRecord
-from ..pipeline.kafka_source import consume_available
 
 log = logging.getLogger(__name__)
 

@@ -76,10 +76,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from pyspark import TaskContext
 
-from .kafka_source import consume_range
+from ..kafka.admin import TopicCreationFailed, admin_settings, create_missing_topics
+from ..kafka.consume import consume_range
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +126,7 @@ class SinkSettings:
         return config
 
     def admin_settings(self) -> dict[str, Any]:
-        return {key: value for key, value in self.producer_settings().items()
-                if key.startswith(("bootstrap.", "security.", "sasl.", "ssl.", "client."))}
+        return admin_settings(self.producer_settings())
 
 
 @dataclass(frozen=True)
@@ -408,19 +408,10 @@ class _CommitLog:
 
 def ensure_topic(settings: dict[str, Any], topic: str, partitions: int, compacted: bool = False) -> None:
     """Create ``topic`` unless it exists (replication: the broker's default)."""
-    admin = AdminClient(settings)
-    if topic in admin.list_topics(timeout=TIMEOUT).topics:
-        return
-    config = {"cleanup.policy": "compact"} if compacted else {}
-    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, config=config)],
-                                 request_timeout=TIMEOUT)[topic]
     try:
-        future.result(TIMEOUT)
-        log.info("created topic %s (%d partition(s)%s)", topic, partitions,
-                 ", compacted" if compacted else "")
-    except KafkaException as error:
-        if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # created meanwhile by someone else
-            raise SinkError(f"cannot create topic {topic}: {error}") from error
+        create_missing_topics(AdminClient(settings), {topic: (partitions, compacted)}, TIMEOUT)
+    except TopicCreationFailed as error:
+        raise SinkError(str(error)) from error
 
 
 # Topics known to exist, per Python worker process: a task asks Kafka only about topics new to it.

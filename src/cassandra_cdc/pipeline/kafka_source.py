@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
@@ -93,6 +92,8 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
                                               SupportsTriggerAvailableNow)
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
+
+from ..kafka.consume import DataLossError, KafkaSourceError, consume_range
 
 log = logging.getLogger(__name__)
 
@@ -121,27 +122,10 @@ DEFAULT_POLL_TIMEOUT_MS = 120_000
 METADATA_TIMEOUT = 30.0
 # Spark's startingOffsets JSON uses these for "earliest" and "latest".
 EARLIEST, LATEST = -2, -1
-# Rows per consume() call, hence per Arrow record batch at most.
-CONSUME_BATCH = 10_000
-# How long a read waits for the next record when none is queued.
-CONSUME_WAIT = 0.05
 # librdkafka's timestamp types are NOT_AVAILABLE=0, CREATE_TIME=1, LOG_APPEND_TIME=2; Kafka's (and
 # Spark's ``timestampType``) are -1, 0, 1.
 _TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
-# Errors librdkafka reports while it reconnects by itself: keep reading until the poll timeout.
-_TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
-              KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
-              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
-
 Offsets = dict[int, int]  # Kafka partition -> next offset to read
-
-
-class KafkaSourceError(RuntimeError):
-    """The source cannot go on: bad options, Kafka unreachable or refusing, offsets gone."""
-
-
-class DataLossError(KafkaSourceError):
-    """Offsets the query must read were deleted (retention, a recreated topic) or never were."""
 
 
 # --- options -----------------------------------------------------------------------------------
@@ -475,56 +459,6 @@ def _task_consumer_identity(options: SourceOptions) -> str:
     return json.dumps([options.kafka, options.fail_on_data_loss], sort_keys=True)
 
 
-def consume_range(consumer: Consumer, topic: str, partition: int, start: int, end: int,
-                  poll_timeout: float) -> Iterator[list[Message]]:
-    """The records of ``[start, end)`` of a partition the consumer is assigned at ``start``, in chunks.
-
-    The record at ``end - 1`` may never arrive (a transaction marker, an aborted record): the range is
-    complete when a record at or past ``end`` arrives or the consumer reaches the end of the partition
-    (which the caller saw at or past ``end``). Needs ``enable.partition.eof``.
-    """
-    where = f"{topic}[{partition}]"
-    next_offset = start
-    deadline = time.monotonic() + poll_timeout
-    while next_offset < end:
-        wanted, records = next_offset, []
-        for message in consume_available(consumer, min(CONSUME_BATCH, end - next_offset)):
-            error = message.error()
-            if error is None:
-                records.append(message)
-            elif error.code() == KafkaError._PARTITION_EOF:
-                if message.offset() >= end:
-                    next_offset = end
-            elif error.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                raise DataLossError(f"data loss on {where}: offset {next_offset} is gone ({error.str()})")
-            elif error.fatal() or error.code() not in _TRANSIENT:
-                raise KafkaSourceError(f"reading {where} failed at offset {next_offset}: {error.str()}")
-        if records and records[0].offset() < wanted:  # fetched for an earlier assignment
-            records = [record for record in records if record.offset() >= wanted]
-        if records and records[-1].offset() >= end:
-            next_offset = end
-            records = [record for record in records if record.offset() < end]
-        if records:
-            next_offset = max(next_offset, records[-1].offset() + 1)
-            deadline = time.monotonic() + poll_timeout
-            yield records
-        elif next_offset < end and time.monotonic() > deadline:
-            raise KafkaSourceError(f"no progress reading {where} for {poll_timeout:.0f} s "
-                                   f"(stuck at offset {next_offset}, reading up to {end})")
-
-
-def consume_available(consumer: Consumer, max_messages: int) -> list[Message]:
-    """What the consumer has queued, up to ``max_messages``; when nothing is, the first message (record or
-    event) to arrive within ``CONSUME_WAIT``.
-
-    ``consume(n, timeout)`` returns early only once it has ``n`` messages, and a read seldom knows how
-    many will come: a range can end with offsets that are never delivered (transaction markers, aborted
-    records), so that its end is an end-of-partition event. Asking for exactly what is expected cost the
-    whole timeout whenever fewer came: 50 ms per read of a commit topic, per task and micro-batch.
-    """
-    return consumer.consume(max_messages, timeout=0) or consumer.consume(1, timeout=CONSUME_WAIT)
-
-
 def _ranges_batch(partition: KafkaInputPartition) -> pa.RecordBatch:
     ranges = partition.ranges
     return pa.RecordBatch.from_arrays([
@@ -554,5 +488,4 @@ def _arrow_batches(chunks: Iterator[list[Message]], topic: str, partition: int) 
 
 
 __all__ = ["DataLossError", "KafkaDataSource", "KafkaInputPartition", "KafkaSourceError", "OffsetRange",
-           "RANGES_SCHEMA", "SCHEMA", "SOURCE_NAME", "SourceOptions", "admit", "consume_available",
-           "consume_range", "group_ranges", "read_range"]
+           "RANGES_SCHEMA", "SCHEMA", "SOURCE_NAME", "SourceOptions", "admit", "group_ranges", "read_range"]

@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
+
+from ..kafka.admin import create_missing_topics
 
 # The executable comes with the noida-db wheel, in the interpreter's environment (not necessarily on PATH).
 NOIDA_DB = Path(sys.executable).parent / "noida-db"
@@ -108,11 +110,9 @@ class EmbeddedBroker:
         return result.returncode == 0
 
     def create_topic(self, name: str, partitions: int, compacted: bool = False, *, timeout: float = 30.0) -> None:
-        """Create a topic (replication factor 1: there is one broker); ``compacted`` sets cleanup.policy=compact."""
-        config = {"cleanup.policy": "compact"} if compacted else {}
-        topic = NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)
-        admin = self.admin()  # must outlive the future: a destroyed client fails its pending requests
-        admin.create_topics([topic], request_timeout=timeout)[name].result(timeout)
+        """Create a topic unless it exists (replication factor 1: there is one broker); ``compacted`` sets
+        cleanup.policy=compact."""
+        create_missing_topics(self.admin(), {name: (partitions, compacted)}, timeout, replication_factor=1)
 
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap_servers})
