@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..settings import ConfigError, load_settings
-from ..kafka import ServerTopics
+from ..kafka import RAW_TOPIC_PARTITIONS, ServerTopics
 
 __all__ = ["AgentConfig", "ConfigError", "load_config"]
 
@@ -60,7 +60,7 @@ class KafkaSettings(_Section):
     raw_topic: str | None = Field(None, description="Raw change topic. Default: <server>.raw")
     schema_topic: str | None = Field(None, description="Compacted table schema topic. Default: <server>")
     errors_topic: str | None = Field(None, description="Dead-letter topic. Default: <server>.errors")
-    raw_topic_partitions: int = Field(12, ge=1, description="Partitions of the raw topic when the agent creates it.")
+    raw_topic_partitions: int = Field(RAW_TOPIC_PARTITIONS, ge=1, description="Partitions of the raw topic when the agent creates it.")
     producer: dict[str, Any] = Field(default_factory=dict,
                                      description="Extra librdkafka producer settings (security, batching).")
     max_buffered_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,

@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from ..kafka.admin import admin_settings
 from .agent_config import AgentConfig
 
 WATERMARK_TIMEOUT_SECONDS = 30.0
@@ -72,7 +73,5 @@ def describe_loss(topic: str, lost: list[LostPartition]) -> str:
 
 def _client_settings(config: AgentConfig) -> dict[str, Any]:
     """A consumer that only reads offsets, connecting as the agent's producer does (security settings)."""
-    connection = {key: value for key, value in config.kafka.producer.items()
-                  if key.startswith(("security.", "sasl.", "ssl."))}
-    return {**connection, "bootstrap.servers": config.kafka.bootstrap_servers,
-            "group.id": f"cassandra-cdc-agent-{uuid.uuid4().hex}", "enable.auto.commit": False}
+    connection = admin_settings({**config.kafka.producer, "bootstrap.servers": config.kafka.bootstrap_servers})
+    return {**connection, "group.id": f"cassandra-cdc-agent-{uuid.uuid4().hex}", "enable.auto.commit": False}

@@ -57,7 +57,7 @@ option                     default         meaning
 With ``emit=offsetRanges`` the schema is ``topic string, partition int, startOffset long, endOffset
 long`` (the offsets ``[startOffset, endOffset)`` of one Kafka partition in the micro-batch), all rows in
 one task: the records themselves never pass through the JVM. The stateful pipeline reads them where it
-merges them (see processor.py), which saves the conversion of every record to Arrow and back and its
+merges them (see change_processor.py), which saves the conversion of every record to Arrow and back and its
 shuffle; offsets are still planned, bounded and checkpointed by Spark as with ``emit=records``.
 
 How it maps to Spark:
