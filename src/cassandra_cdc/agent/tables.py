@@ -74,9 +74,10 @@ class TableRegistry:
             log.error("the schema cannot be loaded (%s): keeping the schema loaded before", error)
 
     def schema_changed(self) -> None:
-        """The node logged a schema change: reload (rate-limited), so later records use the new definition."""
-        if time.monotonic() - self._loaded_at >= RELOAD_INTERVAL_SECONDS or self._file_stamp() != self._stamp:
-            self._reload_or_keep()
+        """The node logged a schema change: reload, so later records use the new definition. Not rate-limited:
+        the data that needs the change follows it at once, and DDL statements come close together (ALTER
+        after CREATE), so a skipped reload would leave the next table unknown and its mutations skipped."""
+        self._reload_or_keep()
 
     def _file_stamp(self) -> tuple[int, int] | None:
         path = self._config.schema_.file

@@ -320,11 +320,11 @@ class Agent:
                 self.metrics.skipped.inc()  # Cassandra drops the whole mutation
                 return True
             self.metrics.mutations_read[route.name] += 1
-            if route.schema_change:
-                self.tables.schema_changed()
             if route.published and not route.schema_published and not self._publish_schema(route):
                 return False
             routes.append(route)
+        if any(route.schema_change for route in routes):  # once for the several system_schema tables of a DDL
+            self.tables.schema_changed()
         segment_id = progress.segment.segment_id
         for route, update in zip(routes, updates):
             if route.published:
