@@ -44,7 +44,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from cassandra_cdc.bootstrap.task_plan import Task  # noqa: E402
+from cassandra_cdc.bootstrap.task_plan import SSTableSlice  # noqa: E402
 from cassandra_cdc.bootstrap.sstable_records import RecordBuilder  # noqa: E402
 from cassandra_cdc.storage.cells import Cell, LivenessInfo  # noqa: E402
 from cassandra_cdc.storage.binary_io import DataOutput  # noqa: E402
@@ -185,7 +185,8 @@ def publish_workload(workload: Workload, runs: int) -> float | None:
             for _ in range(workload.repeat):
                 for sstable, table in workload.sstables:
                     settings = PublishSettings(broker.bootstrap_servers, f"bench.raw{run}", table)
-                    task = Task("bench", "bench", str(sstable.data_path), 0, None, sstable.data_length)
+                    task = SSTableSlice("bench", "bench", str(sstable.data_path), 0, None,
+                                        sstable.data_length)
                     publish_task(task, settings)
             best = min(best, time.process_time() - start)
         return best

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 from cassandra_cdc.localcluster import CassandraCluster, artifacts
 # The JVM options nodetool runs with are the ones sstabledump needs (Java 17 module access, small JVM).
-from cassandra_cdc.localcluster.cassandra import _JAVA17_ACCESS, _SMALL_JVM
+from cassandra_cdc.localcluster.cassandra import JAVA17_ACCESS, SMALL_JVM
 
 FIXTURES = Path(__file__).resolve().parent / "data" / "cassandra-5.0"
 KEYSTORE_PASSWORD = "cassandra"
@@ -256,7 +256,7 @@ def _with_timestamps(statements: list[str]) -> list[str]:
 def sstabledump(conf: Path, data_file: Path) -> None:
     """Cassandra's own ``sstabledump -t`` of one SSTable (timestamps as microseconds), with the
     ``cassandra.yaml`` and ``logback-tools.xml`` of ``conf``, next to it as ``*-sstabledump.json``."""
-    command = [artifacts.java_executable(), "-Xmx256m", *_SMALL_JVM, *_JAVA17_ACCESS,
+    command = [artifacts.java_executable(), "-Xmx256m", *SMALL_JVM, *JAVA17_ACCESS,
                f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
                f"-Dlogback.configurationFile={conf / 'logback-tools.xml'}",
                f"-Dcassandra.storagedir={conf}", "-cp", artifacts.classpath(artifacts.CASSANDRA),

@@ -20,7 +20,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from typer.testing import CliRunner
 
-from cassandra_cdc.bootstrap import BootstrapError, RecordBuilder, RecordLimits, Task, plan, run_bootstrap
+from cassandra_cdc.bootstrap import (BootstrapError, RecordBuilder, RecordLimits, SSTableSlice, plan,
+                                     run_bootstrap)
 from cassandra_cdc.bootstrap.task_plan import resolve_snapshots
 from cassandra_cdc.bootstrap.progress import ProgressFile
 from cassandra_cdc.bootstrap.sstable_records import max_local_deletion_time, split_partition
@@ -354,7 +355,7 @@ def test_an_interrupted_bootstrap_resumes_without_reading_completed_sstables_aga
     assert len(tasks) == 15
     failing = next(t for t in tasks if t.node_id == "node2" and t.start > 0)
 
-    def fail_one(task: Task) -> None:
+    def fail_one(task: SSTableSlice) -> None:
         if task.task_id == failing.task_id:
             raise RuntimeError("injected failure")
 

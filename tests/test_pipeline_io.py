@@ -21,8 +21,8 @@ from cassandra_cdc.pipeline.pipeline_config import ConfigError
 from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import (balanced_group_keys, check_checkpoint, check_checkpoint_logs,
                                         check_state_layout)
-from cassandra_cdc.pipeline.event_sink import (SinkError, SinkSettings, Task, TransactionalTaskSink, _CommitLog,
-                                         _TransactionalProducer, task_sink)
+from cassandra_cdc.pipeline.event_sink import (BatchCommitLog, MicroBatchTask, SinkError, SinkSettings,
+                                               TransactionalProducer, TransactionalTaskSink, task_sink)
 from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
                                            SourceOptions, admit, group_ranges, read_range)
 from cassandra_cdc.schema import parse_schema
@@ -286,7 +286,8 @@ def test_noida_hides_commits_after_an_abort_of_the_same_producer(broker):
 
 # --- sink.py ---------------------------------------------------------------------------------------
 
-def write_task(settings: SinkSettings, task: Task, topic: str, count: int, fail: bool = False) -> TransactionalTaskSink:
+def write_task(settings: SinkSettings, task: MicroBatchTask, topic: str, count: int,
+               fail: bool = False) -> TransactionalTaskSink:
     """What a stateful task does with its sink: ``count`` records, then commit (or abort, as a failed task)."""
     sink = task_sink(settings, task)
     for i in range(count):
@@ -303,14 +304,14 @@ def test_transactional_task_sink_commits_each_partition_of_a_batch_once(broker):
     broker.create_topic(output, 2)
     settings = SinkSettings(broker.bootstrap_servers, "replay-commits", "test-replay")
     for partition in (0, 1):
-        assert write_task(settings, Task(0, partition, "query-1"), output, 250).records == 250
+        assert write_task(settings, MicroBatchTask(0, partition, "query-1"), output, 250).records == 250
     # Batch 0 again, after a crash before Spark recorded it: every partition is already committed.
     for partition in (0, 1):
-        again = write_task(settings, Task(0, partition, "query-1"), output, 250)
+        again = write_task(settings, MicroBatchTask(0, partition, "query-1"), output, 250)
         assert again.skipped and again.records == 0
-    assert write_task(settings, Task(1, 0, "query-1"), output, 10).records == 10
+    assert write_task(settings, MicroBatchTask(1, 0, "query-1"), output, 10).records == 10
     # So does a process that never wrote them (a new Python worker): this one, with a commit log of its own.
-    commits = _CommitLog({"bootstrap.servers": broker.bootstrap_servers}, "replay-commits")
+    commits = BatchCommitLog({"bootstrap.servers": broker.bootstrap_servers}, "replay-commits")
     try:
         assert [commits.last_batch(f"test-replay-{p}", "query-1") for p in (0, 1, 2)] == [1, 0, None]
         assert commits.last_batch("test-replay-0", "another-query") is None  # a new checkpoint starts over
@@ -328,12 +329,12 @@ def test_transactional_task_sink_of_a_failed_task_leaves_nothing_visible(broker)
     output = "abort-output"
     broker.create_topic(output, 1)
     settings = SinkSettings(broker.bootstrap_servers, "abort-commits", "test-abort")
-    failed = write_task(settings, Task(0, 0, "query-1"), output, 300, fail=True)
+    failed = write_task(settings, MicroBatchTask(0, 0, "query-1"), output, 300, fail=True)
     assert failed.records == 300 and not failed.skipped  # produced in a transaction, then aborted
     assert read_topic(broker, output) == []
     assert read_topic(broker, "abort-commits") == []
     # The retry of the task writes it, once.
-    assert write_task(settings, Task(0, 0, "query-1"), output, 300).records == 300
+    assert write_task(settings, MicroBatchTask(0, 0, "query-1"), output, 300).records == 300
     assert len(read_topic(broker, output)) == 300
 
 
@@ -347,13 +348,13 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
 
     def in_worker(worker: dict, batch_id: int) -> tuple[int, bool]:
         """Run one task as the given worker process would, with that worker's kept clients."""
-        kept = _TransactionalProducer._instances, _CommitLog._instances
-        _TransactionalProducer._instances, _CommitLog._instances = worker["producers"], worker["commits"]
+        kept = TransactionalProducer._instances, BatchCommitLog._instances
+        TransactionalProducer._instances, BatchCommitLog._instances = worker["producers"], worker["commits"]
         try:
-            sink = write_task(settings, Task(batch_id, 0, "query-1"), output, 3)
+            sink = write_task(settings, MicroBatchTask(batch_id, 0, "query-1"), output, 3)
             return sink.records, sink.skipped
         finally:
-            _TransactionalProducer._instances, _CommitLog._instances = kept
+            TransactionalProducer._instances, BatchCommitLog._instances = kept
 
     first, second = ({"producers": {}, "commits": {}} for _ in range(2))
     assert in_worker(first, 0) == (3, False)
@@ -370,8 +371,8 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
 
 def test_a_task_sink_needs_a_streaming_task(spark):
     with pytest.raises(SinkError, match="not in a task"):
-        Task.current()  # the driver: no task, no batch id
-    rows = spark.range(1).rdd.map(lambda _: Task.current()).collect
+        MicroBatchTask.current()  # the driver: no task, no batch id
+    rows = spark.range(1).rdd.map(lambda _: MicroBatchTask.current()).collect
     with pytest.raises(Exception, match="not in a task"):
         rows()  # a task outside of a streaming query has no batch id
 
@@ -408,7 +409,7 @@ def test_at_least_once_task_sink_creates_topics_and_writes_replays_again(broker)
     settings = SinkSettings(broker.bootstrap_servers, "unused-commits", "test-alo", exactly_once=False,
                             topic_partitions=3)
     for _ in range(2):  # a replay writes again
-        assert write_task(settings, Task(0, 0, "query-1"), output, 400).records == 400
+        assert write_task(settings, MicroBatchTask(0, 0, "query-1"), output, 400).records == 400
     values = [value for _, _, _, value in read_topic(broker, output, "read_uncommitted")]
     assert len(values) == 800 and len(set(values)) == 400
     assert len(broker.admin().list_topics(output, timeout=10).topics[output].partitions) == 3
@@ -471,7 +472,7 @@ def test_an_empty_checkpoint_is_refused_once_the_pipeline_committed_output(broke
     check_checkpoint(config())  # a first start
     settings = SinkSettings(broker.bootstrap_servers, f"{server}.pipeline-commits", "cassandra-cdc",
                             topic_partitions=1)
-    write_task(settings, Task(0, 1, "the-lost-query"), f"{server}.app.users", 3)
+    write_task(settings, MicroBatchTask(0, 1, "the-lost-query"), f"{server}.app.users", 3)
     result = CliRunner().invoke(app, ["pipeline", "--bootstrap-servers", broker.bootstrap_servers,
                                       "--server", server, "--checkpoint", str(checkpoint)])
     assert result.exit_code == 2

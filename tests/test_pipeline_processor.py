@@ -33,7 +33,7 @@ from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.merge.reconcile import apply
 from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, collector_paused, PartitionGroup
-from cassandra_cdc.pipeline.event_sink import SinkSettings, Task, TaskSink
+from cassandra_cdc.pipeline.event_sink import SinkSettings, MicroBatchTask, TaskSink
 from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import parse_schema
@@ -185,7 +185,8 @@ def started_processor(broker: Any, monkeypatch: Any, tables: list[Any],
     processor = ChangeProcessor(ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER, f"{SERVER}.errors",
                                                   format=fmt, sink=sink))  # type: ignore[arg-type]
     batch_ids = itertools.count()
-    monkeypatch.setattr(Task, "current", classmethod(lambda cls: Task(processor.batch_id, 0, query)))
+    monkeypatch.setattr(MicroBatchTask, "current",
+                        classmethod(lambda cls: MicroBatchTask(processor.batch_id, 0, query)))
     processor.batch_id = next(batch_ids)  # type: ignore[attr-defined]
     processor.next_batch = lambda: setattr(processor, "batch_id", next(batch_ids))  # type: ignore[attr-defined]
     names = [table.qualified_name for table in tables] + ["app.late", "errors"]

@@ -26,8 +26,8 @@ interrupted resumes without reading them again.
 
 from .bootstrap_errors import BootstrapError
 from .bootstrap_job import BootstrapReport, run_bootstrap
-from .task_plan import DEFAULT_TASK_BYTES, Task, plan
+from .task_plan import DEFAULT_TASK_BYTES, SSTableSlice, plan
 from .sstable_records import RecordBuilder, RecordLimits
 
-__all__ = ["BootstrapError", "BootstrapReport", "DEFAULT_TASK_BYTES", "RecordBuilder", "RecordLimits", "Task",
-           "plan", "run_bootstrap"]
+__all__ = ["BootstrapError", "BootstrapReport", "DEFAULT_TASK_BYTES", "RecordBuilder", "RecordLimits",
+           "SSTableSlice", "plan", "run_bootstrap"]

@@ -21,7 +21,7 @@ from ..pipeline.pipeline_config import PipelineConfig
 from ..schema import SchemaError, TableMetadata, load_schema_files
 from ..kafka.schema_records import SchemaRecord
 from .bootstrap_errors import BootstrapError
-from .task_plan import DEFAULT_TASK_BYTES, Task, plan
+from .task_plan import DEFAULT_TASK_BYTES, SSTableSlice, plan
 from .progress import CompletedTasks, ProgressFile, Tracker
 from .publish import PublishSettings, TaskHook, publish_tasks
 from .sstable_records import RecordLimits, RecordStats
@@ -113,7 +113,7 @@ def run_bootstrap(spark: Any, config: PipelineConfig, table_name: str, sstable_p
     return report
 
 
-def _run_tasks(spark: Any, config: PipelineConfig, table: TableMetadata, tasks: list[Task],
+def _run_tasks(spark: Any, config: PipelineConfig, table: TableMetadata, tasks: list[SSTableSlice],
                store: ProgressFile, previous: dict[str, dict[str, Any]], progress: bool, limits: RecordLimits,
                task_hook: TaskHook | None) -> list[dict[str, Any]]:
     sc = (spark() if callable(spark) else spark).sparkContext

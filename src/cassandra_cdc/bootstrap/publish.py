@@ -19,7 +19,7 @@ from ..schema import TableMetadata
 from ..sstable import SSTable, SSTableError, SSTableReadStats
 from ..kafka.raw_records import RawRecord
 from .bootstrap_errors import BootstrapError
-from .task_plan import Task
+from .task_plan import SSTableSlice
 from .sstable_records import RecordBuilder, RecordLimits, RecordStats
 
 DEFAULT_PRODUCER: dict[str, Any] = {
@@ -61,10 +61,10 @@ class TaskResult(RecordStats):
         return asdict(self)
 
 
-TaskHook = Callable[[Task], None]
+TaskHook = Callable[[SSTableSlice], None]
 
 
-def publish_tasks(tasks: Iterator[Task], settings: PublishSettings, completed: Any = None,
+def publish_tasks(tasks: Iterator[SSTableSlice], settings: PublishSettings, completed: Any = None,
                   hook: TaskHook | None = None) -> Iterator[dict[str, Any]]:
     """``mapPartitions`` function: run each task, add it to the ``completed`` accumulator, yield its
     result."""
@@ -77,7 +77,7 @@ def publish_tasks(tasks: Iterator[Task], settings: PublishSettings, completed: A
         yield result
 
 
-def publish_task(task: Task, settings: PublishSettings) -> TaskResult:
+def publish_task(task: SSTableSlice, settings: PublishSettings) -> TaskResult:
     """Publish the partitions of one task; return once Kafka acknowledged every record."""
     started, cpu_started = time.monotonic(), time.process_time()
     builder = RecordBuilder(SSTable(task.path), settings.table, task.node_id, settings.limits)

@@ -28,7 +28,7 @@ _GLOB_CHARACTERS = set("*?[")
 
 
 @dataclass(frozen=True)
-class Task:
+class SSTableSlice:
     """One Spark task: the partitions of one SSTable starting in ``[start, end)`` (end None: to its end)."""
 
     task_id: str
@@ -52,13 +52,13 @@ class Snapshot:
 
 
 def plan(sstable_dirs: Sequence[str | Path], table: TableMetadata,
-         target_bytes: int = DEFAULT_TASK_BYTES) -> list[Task]:
+         target_bytes: int = DEFAULT_TASK_BYTES) -> list[SSTableSlice]:
     """The tasks reading every SSTable of ``table`` in ``sstable_dirs`` (see the module's docstring).
 
     Checks, on the driver, that each SSTable is readable and belongs to ``table`` (its Statistics.db
     header, and the table id its directory names if it names one).
     """
-    tasks: list[Task] = []
+    tasks: list[SSTableSlice] = []
     seen: set[Path] = set()
     for snapshot in resolve_snapshots(sstable_dirs):
         for sstable in _sstables_of(snapshot.path):
@@ -73,7 +73,7 @@ def plan(sstable_dirs: Sequence[str | Path], table: TableMetadata,
                 ranges = sstable.chunk_ranges(target_bytes=target_bytes)
             for data_range in ranges:
                 end = length if data_range.end is None else data_range.end
-                tasks.append(Task(f"{data_path}@{data_range.start}", snapshot.node_id, str(data_path),
+                tasks.append(SSTableSlice(f"{data_path}@{data_range.start}", snapshot.node_id, str(data_path),
                                   data_range.start, data_range.end, end - data_range.start))
     return tasks
 
@@ -159,4 +159,4 @@ def _distinguishing_names(paths: list[Path]) -> list[str]:
     return [f"snapshot{i}" for i in range(1, len(paths) + 1)]
 
 
-__all__ = ["DEFAULT_TASK_BYTES", "Snapshot", "Task", "check_sstable", "plan", "resolve_snapshots"]
+__all__ = ["DEFAULT_TASK_BYTES", "Snapshot", "SSTableSlice", "check_sstable", "plan", "resolve_snapshots"]

@@ -38,7 +38,7 @@ from ..simulator.broker import free_port
 log = logging.getLogger(__name__)
 
 # The module exports and opens Cassandra 5.0 needs on Java 17 (as its conf/jvm17-server.options lists them).
-_JAVA17_ACCESS = [
+JAVA17_ACCESS = [
     "--add-exports", "java.base/jdk.internal.misc=ALL-UNNAMED",
     "--add-exports", "java.management.rmi/com.sun.jmx.remote.internal.rmi=ALL-UNNAMED",
     "--add-exports", "java.rmi/sun.rmi.registry=ALL-UNNAMED",
@@ -60,7 +60,7 @@ _JAVA17_ACCESS = [
 ]
 
 # A test node favours starting fast over peak throughput: C1 only, one small serial heap.
-_SMALL_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss256k", "-XX:+PerfDisableSharedMem",
+SMALL_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss256k", "-XX:+PerfDisableSharedMem",
               "-Djava.net.preferIPv4Stack=true"]
 
 _LOGBACK = """<configuration scan="false">
@@ -116,7 +116,7 @@ class CassandraNode(JvmService):
                 if jar.name.startswith("jamm-")]
         self._process = JvmProcess(
             f"Cassandra node {self.address}",
-            [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *_SMALL_JVM, *_JAVA17_ACCESS, *jamm,
+            [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *SMALL_JVM, *JAVA17_ACCESS, *jamm,
              f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
              f"-Dlogback.configurationFile={conf / 'logback.xml'}",
              f"-Dcassandra.logdir={self.log_dir}", f"-Dcassandra.storagedir={directory}",
@@ -162,7 +162,7 @@ class CassandraNode(JvmService):
     def nodetool(self, *arguments: str, timeout: float = 120.0) -> str:
         """Run ``nodetool <arguments>`` against this node over JMX; returns its output, raises on failure."""
         # user.home: where nodetool keeps its history, kept out of the user's own home.
-        command = [artifacts.java_executable(), "-Xmx128m", *_SMALL_JVM, *_JAVA17_ACCESS,
+        command = [artifacts.java_executable(), "-Xmx128m", *SMALL_JVM, *JAVA17_ACCESS,
                    f"-Duser.home={self.directory}", f"-Dlogback.configurationFile={self._tools_logback}",
                    "-cp", artifacts.classpath(artifacts.CASSANDRA), "org.apache.cassandra.tools.NodeTool",
                    "-h", "127.0.0.1", "-p", str(self.jmx_port), *arguments]

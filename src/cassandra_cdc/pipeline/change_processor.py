@@ -56,7 +56,7 @@ from ..kafka.raw_records import RawRecord, RawRecordError, decode_update, stored
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..merge.reconcile import PartitionState, RowChange, apply, expire, next_expiry
-from .event_sink import SinkSettings, Task, TaskSink, task_sink
+from .event_sink import SinkSettings, MicroBatchTask, TaskSink, task_sink
 from .kafka_source import OffsetRange, SourceOptions, read_range
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class ChangeProcessor(StatefulProcessor):
         if self._sink is None:
             if self.settings.sink is None:
                 raise RuntimeError("this processor has no sink settings: it cannot write events")
-            self._sink = task_sink(self.settings.sink, Task.current())
+            self._sink = task_sink(self.settings.sink, MicroBatchTask.current())
         return self._sink
 
     @contextlib.contextmanager

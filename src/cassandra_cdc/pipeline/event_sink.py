@@ -4,7 +4,8 @@ least once.
 The stateful processor (processor.py) writes the events of each task of each micro-batch itself, as it
 makes them, instead of handing them to Spark for a separate sink stage::
 
-    sink = task_sink(SinkSettings("127.0.0.1:9092", commit_topic="cdc.pipeline-commits"), Task.current())
+    sink = task_sink(SinkSettings("127.0.0.1:9092", commit_topic="cdc.pipeline-commits"),
+                     MicroBatchTask.current())
     sink.produce("cdc.shop.orders", key, value)       # any number of times
     sink.commit()                                      # at the end of the task (``abort()`` when it fails)
 
@@ -25,7 +26,7 @@ Otherwise it registers its transactional id, which fences an older attempt still
 same id and completes or aborts its open transaction. So when Spark replays a batch (a failed task, a
 driver restart between the commit and the checkpoint's commit log), every partition is committed once.
 A Python worker keeps its registered producers for the next batches, as long as no other process
-committed under their id meanwhile (see ``_TransactionalProducer``).
+committed under their id meanwhile (see ``TransactionalProducer``).
 
 What consumers get:
 
@@ -130,14 +131,14 @@ class SinkSettings:
 
 
 @dataclass(frozen=True)
-class Task:
+class MicroBatchTask:
     """Which task of which micro-batch of which query writes."""
     batch_id: int
     partition: int
     query_id: str | None
 
     @classmethod
-    def current(cls) -> "Task":
+    def current(cls) -> "MicroBatchTask":
         """The Spark task running in this Python worker."""
         context = TaskContext.get()
         batch_id = None if context is None else context.getLocalProperty(BATCH_ID_PROPERTY)
@@ -149,7 +150,7 @@ class Task:
 class TaskSink(ABC):
     """The records of one task: ``produce`` them, then ``commit`` (or ``abort`` when the task fails)."""
 
-    def __init__(self, settings: SinkSettings, task: Task) -> None:
+    def __init__(self, settings: SinkSettings, task: MicroBatchTask) -> None:
         self.settings = settings
         self.task = task
         self.records = 0
@@ -187,11 +188,11 @@ class TaskSink(ABC):
 class TransactionalTaskSink(TaskSink):
     """Exactly-once output per task for read_committed consumers (see the module doc)."""
 
-    def __init__(self, settings: SinkSettings, task: Task) -> None:
+    def __init__(self, settings: SinkSettings, task: MicroBatchTask) -> None:
         super().__init__(settings, task)
         self.key = f"{settings.query_name}-{task.partition}"
         self.skipped = False  # committed by an earlier attempt: nothing to write
-        self._transaction: _TransactionalProducer | None = None
+        self._transaction: TransactionalProducer | None = None
 
     def _producer(self) -> Producer | None:
         if self._transaction is None and not self.skipped:
@@ -206,14 +207,14 @@ class TransactionalTaskSink(TaskSink):
         if settings.commit_topic not in _EXISTING_TOPICS:
             ensure_topic(settings.admin_settings(), settings.commit_topic, partitions=1, compacted=True)
             _EXISTING_TOPICS.add(settings.commit_topic)
-        commits = _CommitLog.of(settings.admin_settings(), settings.commit_topic)
+        commits = BatchCommitLog.of(settings.admin_settings(), settings.commit_topic)
         # Committed before a crash: skip without registering the id, which would fence the producer
         # another worker keeps for it.
         committed = commits.last_batch(self.key, task.query_id)
         if not _at_or_after(committed, task.batch_id):
             producer_settings = settings.producer_settings(**{"transactional.id": self.key,
                                                               "enable.idempotence": True, "acks": "all"})
-            transaction = _TransactionalProducer.of(producer_settings, task.query_id, committed, commits)
+            transaction = TransactionalProducer.of(producer_settings, task.query_id, committed, commits)
             if not _at_or_after(transaction.last_committed, task.batch_id):
                 transaction.begin()
                 self._transaction = transaction
@@ -252,7 +253,7 @@ def _at_or_after(committed: int | None, batch_id: int) -> bool:
     return committed is not None and committed >= batch_id
 
 
-class _TransactionalProducer:
+class TransactionalProducer:
     """The producer of one transactional id, kept by a Python worker process across micro-batches.
 
     Creating a producer and registering its id (``init_transactions``) costs a connection and
@@ -267,11 +268,11 @@ class _TransactionalProducer:
     next write of that kept producer fails, which drops it, and Spark's retry of the task succeeds.)
     """
 
-    _instances: ClassVar[dict[tuple[str, str | None], "_TransactionalProducer"]] = {}
+    _instances: ClassVar[dict[tuple[str, str | None], "TransactionalProducer"]] = {}
 
     @classmethod
     def of(cls, settings: dict[str, Any], query_id: str | None, committed: int | None,
-           commits: "_CommitLog") -> "_TransactionalProducer":
+           commits: "BatchCommitLog") -> "TransactionalProducer":
         """This process's registered producer for ``settings["transactional.id"]``, given the last batch
         ``committed`` under that id (the commit topic's last marker)."""
         identity = (json.dumps(settings, sort_keys=True, default=str), query_id)
@@ -329,17 +330,17 @@ class _TransactionalProducer:
             log.warning("could not abort transaction %s: %s", self.key, error)
 
 
-class _CommitLog:
+class BatchCommitLog:
     """The last committed batch per marker key, read (read_committed) from the commit topic.
 
     One per Python worker process and commit topic: each lookup first reads the markers committed since
     the previous one, so it is never stale however many processes write to the topic.
     """
 
-    _instances: dict[tuple[str, str], "_CommitLog"] = {}
+    _instances: dict[tuple[str, str], "BatchCommitLog"] = {}
 
     @classmethod
-    def of(cls, settings: dict[str, Any], topic: str) -> "_CommitLog":
+    def of(cls, settings: dict[str, Any], topic: str) -> "BatchCommitLog":
         identity = (json.dumps(settings, sort_keys=True, default=str), topic)
         if identity not in cls._instances:
             cls._instances[identity] = cls(settings, topic)
@@ -423,7 +424,7 @@ class AtLeastOnceTaskSink(TaskSink):
 
     _producers: ClassVar[dict[str, Producer]] = {}  # one idempotent producer per worker process and settings
 
-    def __init__(self, settings: SinkSettings, task: Task) -> None:
+    def __init__(self, settings: SinkSettings, task: MicroBatchTask) -> None:
         super().__init__(settings, task)
         self._failures: list[KafkaError] = []
         self._on_delivery = self._delivered
@@ -458,12 +459,13 @@ def partitions_committed(settings: SinkSettings) -> int:
     admin = settings.admin_settings()
     if settings.commit_topic not in AdminClient(admin).list_topics(timeout=TIMEOUT).topics:
         return 0
-    return _CommitLog.of(admin, settings.commit_topic).partitions_committed(settings.query_name)
+    return BatchCommitLog.of(admin, settings.commit_topic).partitions_committed(settings.query_name)
 
 
-def task_sink(settings: SinkSettings, task: Task) -> TaskSink:
+def task_sink(settings: SinkSettings, task: MicroBatchTask) -> TaskSink:
     return TransactionalTaskSink(settings, task) if settings.exactly_once else AtLeastOnceTaskSink(settings, task)
 
 
-__all__ = ["AtLeastOnceTaskSink", "SinkError", "SinkSettings", "Task", "TaskSink", "TransactionalTaskSink",
-           "ensure_topic", "partitions_committed", "task_sink"]
+__all__ = ["AtLeastOnceTaskSink", "BatchCommitLog", "MicroBatchTask", "SinkError", "SinkSettings", "TaskSink",
+           "TransactionalProducer", "TransactionalTaskSink", "ensure_topic", "partitions_committed",
+           "task_sink"]
