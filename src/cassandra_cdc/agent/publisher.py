@@ -94,7 +94,7 @@ class Publisher:
         while True:
             try:
                 # All positional (the fifth is on_delivery): confluent-kafka parses keyword arguments slowly,
-                # 0.2-0.4 µs a call, 2-4% of the agent's budget per record.
+                # on the agent's per-record path.
                 self._producer.produce(topic, value, key, partition, on_delivery)
                 return True
             except BufferError:

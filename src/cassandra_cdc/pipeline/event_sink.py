@@ -110,15 +110,15 @@ class SinkSettings:
         config: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             # A task's commit (or flush) sends what is left at once, whatever linger.ms: a longer linger only
-            # makes fewer, larger batches of the events a task sends as it goes. 5 -> 100 ms: the broker's CPU
-            # in the throughput benchmark 9.4-9.7 -> 7.2-8.4 s, steady batches 5.0 -> 4.6 s per 250k records.
+            # makes fewer, larger batches of the events a task sends as it goes, less work for the broker
+            # (benchmarks/RESULTS.md, "Pipeline").
             "linger.ms": 100,
             "compression.type": "lz4",
             "queue.buffering.max.messages": 1_000_000,
             "transaction.timeout.ms": 60_000,
             # A new producer connects to the brokers the bootstrap metadata names only after half of this
-            # (100 ms by default): 50 of the 53 ms of a new transactional producer's init_transactions,
-            # paid whenever a state partition's task lands in another Python worker than last batch.
+            # (100 ms by default): most of a new transactional producer's init_transactions, paid whenever a
+            # state partition's task lands in another Python worker than last batch.
             # Reconnections after a failure still back off exponentially, to reconnect.backoff.max.ms.
             "reconnect.backoff.ms": 10,
         }
@@ -293,9 +293,8 @@ class TransactionalProducer:
         self.in_transaction = False
         self.kafka = Producer(settings)
         # Right after it starts, librdkafka swaps its bootstrap connection for the brokers the first metadata
-        # names; a coordinator lookup that falls in between finds no broker and is retried 500 ms later (one
-        # init_transactions in seven on a loaded machine, measured). The metadata asked for first, the swap is
-        # over before the lookup (none in a hundred).
+        # names; a coordinator lookup that falls in between finds no broker and waits for librdkafka's retry
+        # timer (often, on a loaded machine). The metadata asked for first, the swap is over before the lookup.
         self.kafka.list_topics(timeout=TIMEOUT)
         self.kafka.init_transactions(TIMEOUT)
 
