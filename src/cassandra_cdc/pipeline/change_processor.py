@@ -273,9 +273,9 @@ class ChangeProcessor(StatefulProcessor):
     def _save(self, partitions: "PartitionGroup", now_ms: int) -> None:
         """Store the group's state, with its one timer at the earliest expiry of its partitions.
 
-        The group's state records its timer: every state call is a round trip to the JVM, and asking Spark for the
-        timers (``listTimers``) also costs the JVM the code generation of a timer encoder, per group and
-        batch. An unchanged timer is left alone.
+        The group's state records its timer: every state call is a round trip to the JVM, and asking Spark
+        for the timers (``listTimers``) also costs the JVM the code generation of a timer encoder, per group
+        and batch. An unchanged timer is left alone.
         """
         partitions.seal()
         expiry = partitions.earliest_expiry()
