@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from ..kafka.admin import admin_settings
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
 from .event_sink import SinkSettings, partitions_committed
@@ -145,7 +146,7 @@ def check_state_layout(config: PipelineConfig, raw_partitions: int | None) -> No
 
 def raw_topic_partitions(config: PipelineConfig) -> int | None:
     """How many partitions the raw topic has; None when it does not exist (yet)."""
-    settings = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.consumer}
+    settings = admin_settings({"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.consumer})
     metadata = AdminClient(settings).list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
     if metadata.error is not None:
         if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
