@@ -748,9 +748,18 @@ def test_type_round_trips(text: str, value: object, rendered: object, fixed_leng
      '{"1.50": [-0.10]}'),
     ("frozen<map<frozen<tuple<decimal, int>>, text>>", {(decimal.Decimal("2.0"), 1): "x"}, '{"[2.0,1]": "x"}'),
     ("tuple<varint, text>", (2**70, "é"), '[1180591620717411303424, "é"]'),
+    ("double", 1e300, "1.0E300"),
+    ("double", -1.5e-7, "-1.5E-7"),
+    ("double", 12345678.9, "1.23456789E7"),
+    ("double", 100.0, "100.0"),
+    ("double", 0.001, "0.001"),
+    ("list<double>", [1e-5, -0.0], "[1.0E-5, -0.0]"),
+    ("float", 1.4e-45, "1.4E-45"),
+    ("float", 3.4028234663852886e38, "3.4028235E38"),
 ])
 def test_values_are_written_as_select_json_writes_them(text: str, value: object, written: str) -> None:
-    """The text of decimals and varints as Cassandra 5.0's SELECT JSON writes it (Java's BigDecimal.toString)."""
+    """The text of decimals, varints and floating-point numbers as Cassandra 5.0's SELECT JSON writes it
+    (Java's BigDecimal.toString, Double.toString, Float.toString)."""
     cql_type = parse_type(text, "ks", UDTS)
     assert json_text(cql_type.to_json(cql_type.deserialize(cql_type.serialize(value)))) == written
 

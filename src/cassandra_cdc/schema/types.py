@@ -434,9 +434,12 @@ def _map_key(t: CqlType, key: Any) -> str:
 
 def json_text(value: Any, *, separators: tuple[str, str] = (", ", ": "), ensure_ascii: bool = False) -> str:
     """``json.dumps`` of rendered values, writing a ``decimal.Decimal`` as the JSON number it is (as
-    SELECT JSON does: ``12.3400``, ``1.234E-18``), which ``json`` cannot."""
+    SELECT JSON does: ``12.3400``, ``1.234E-18``), which ``json`` cannot, and floating-point numbers as
+    Java writes them (``1.0E300``, not ``1e+300``)."""
     if isinstance(value, decimal.Decimal):
         return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return java_double_text(value)
     item, key = separators
     if isinstance(value, dict):
         return "{" + item.join(json.dumps(str(k), ensure_ascii=ensure_ascii) + key
@@ -446,6 +449,18 @@ def json_text(value: Any, *, separators: tuple[str, str] = (", ", ": "), ensure_
         return "[" + item.join(json_text(v, separators=separators, ensure_ascii=ensure_ascii)
                                for v in value) + "]"
     return json.dumps(value, ensure_ascii=ensure_ascii)
+
+
+def java_double_text(value: float) -> str:
+    """A finite double as Java's ``Double.toString`` writes it, which SELECT JSON shows: the shortest digits
+    that read back as the value, in plain notation from 1e-3 up to 1e7 (``100.0``, ``0.001``), else as
+    ``d.dddE±n`` with at least one digit after the point (``1.0E300``, ``1.5E-7``)."""
+    if value == 0 or 1e-3 <= abs(value) < 1e7:
+        return repr(value)  # Python's repr is plain with a ".0" in that range, as Java's
+    sign, digits, exponent = decimal.Decimal(repr(value)).as_tuple()
+    text = "".join(map(str, digits))
+    power = len(text) - 1 + int(exponent)
+    return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"
 
 
 def inet_text(value: str) -> str:
