@@ -54,7 +54,7 @@ SCHEMA = [
 LATE_TABLE = f"CREATE TABLE {KEYSPACE}.late (id int, ck text, v int, PRIMARY KEY (id, ck)) WITH cdc = true"
 CDC_TABLES = ["rows", "collections", "counters", "types", "expiring", "late"]
 SHORT_TTL = 2  # seconds: every TTL of the workload (and default_time_to_live = 3) has passed before the check
-CONVERGE_TIMEOUT = 150.0  # seconds for the events to match the tables once writing has ended
+CONVERGE_TIMEOUT = 300.0  # seconds for the events to match the tables once writing has ended
 
 
 class Workload:
