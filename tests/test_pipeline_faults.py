@@ -64,24 +64,24 @@ class RawPublisher:
 
 
 def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
+    """The events of ``topic`` up to each partition's end as the consumer sees it (read_committed: the last
+    stable offset). Not the high watermark: no record reaches it when a transaction marker comes last."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}",
-                         "isolation.level": isolation, "enable.auto.commit": False})
+                         "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True})
     try:
         metadata = consumer.list_topics(timeout=10).topics.get(topic)
         if metadata is None:
             return []
-        parts = [TopicPartition(topic, p, 0) for p in metadata.partitions]
-        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10)[1] for tp in parts}
-        consumer.assign(parts)
-        pending = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in metadata.partitions])
+        pending = set(metadata.partitions)
         out: list[Any] = []
         deadline = time.monotonic() + 30
         while pending and time.monotonic() < deadline:
             for message in consumer.consume(500, timeout=0.5):
-                if message.error() is None and message.value() is not None:
+                if message.error() is not None:
+                    pending.discard(message.partition())  # at its end
+                elif message.value() is not None:
                     out.append(json.loads(message.value()))
-                if message.error() is None and message.offset() + 1 >= ends[message.partition()]:
-                    pending.discard(message.partition())
         return out
     finally:
         consumer.close()
