@@ -1,5 +1,6 @@
-"""The pipeline's Kafka I/O against a real broker (noida-db) and a real local Spark: the ``cdc-kafka``
-streaming source and the tasks' transactional / at-least-once sinks."""
+"""The pipeline's Kafka I/O against a real local Spark: the ``cdc-kafka`` streaming source and the tasks'
+transactional / at-least-once sinks. Transactions run on real Apache Kafka (``real_kafka``), the rest on
+the embedded broker (noida-db)."""
 
 from __future__ import annotations
 
@@ -166,31 +167,27 @@ def test_source_reads_every_record_once_in_bounded_batches_and_resumes(spark, br
     assert sorted(row[4] for row in rows if row[3] == 3) == list(range(100))
 
 
-def test_source_reads_committed_transactions_only(spark, broker, tmp_path):
-    """Transaction markers and aborted records take offsets; batches still end where they should.
-
-    The aborted transactions come from a producer that never commits: noida-db misreports aborted
-    transactions (see test_noida_hides_commits_after_an_abort_of_the_same_producer)."""
+def test_source_reads_committed_transactions_only(spark, real_kafka, tmp_path):
+    """Transaction markers and aborted records take offsets; batches still end where they should, also
+    when they start after an abort of the producer that commits the next records (real Kafka: noida-db
+    lists stale aborted transactions in fetch responses and hides those)."""
     topic = "source-transactions"
-    broker.create_topic(topic, 2)
-    committer, aborter = (Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": name})
-                          for name in ("test-source-committer", "test-source-aborter"))
-    committer.init_transactions(30)
-    aborter.init_transactions(30)
+    real_kafka.create_topic(topic, 2)
+    producer = Producer({"bootstrap.servers": real_kafka.bootstrap_servers, "transactional.id": "test-source"})
+    producer.init_transactions(30)
     expected = []
     for round_ in range(6):
-        producer = aborter if round_ % 3 == 1 else committer
         producer.begin_transaction()
         records = [(i % 2, b"r%d-%d" % (round_, i), b"x") for i in range(10)]
         for partition, key, value in records:
             producer.produce(topic, value, key, partition=partition)
-        if producer is aborter:
+        if round_ % 3 == 1:
             producer.flush(30)
             producer.abort_transaction(30)
         else:
             producer.commit_transaction(30)
             expected += records
-    batches = run_available_now(spark, broker, topic, tmp_path / "checkpoint", max_offsets=7)
+    batches = run_available_now(spark, real_kafka, topic, tmp_path / "checkpoint", max_offsets=7)
     rows = [row for batch in batches for row in batch]
     assert sorted((row[3], row[0]) for row in rows) == sorted((p, k) for p, k, _ in expected)
     assert len(batches) > 1
@@ -254,36 +251,6 @@ def test_source_emitting_offset_ranges_plans_them_in_one_task_and_read_range_rea
         SourceOptions.parse({**options, "emit": "everything"})
 
 
-@pytest.mark.xfail(strict=True, reason="noida-db 0.2.3 lists stale aborted transactions in fetch responses")
-def test_noida_hides_commits_after_an_abort_of_the_same_producer(broker):
-    """Kafka's FetchResponse lists only the aborted transactions overlapping the fetched range;
-    noida-db lists every aborted transaction of the partition, so a read_committed consumer that
-    starts after an abort takes the producer's later, committed batches for aborted ones.
-    (Fixed in noida-db? Then this fails as XPASS: remove it and the caveats in pipeline/sink.py.)"""
-    topic = "noida-stale-aborts"
-    broker.create_topic(topic, 1)
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "test-noida"})
-    producer.init_transactions(30)
-    for round_, abort in enumerate((False, True, False)):
-        producer.begin_transaction()
-        for i in range(3):
-            producer.produce(topic, b"x", b"r%d-%d" % (round_, i), partition=0)
-        if abort:
-            producer.flush(30)
-            producer.abort_transaction(30)
-        else:
-            producer.commit_transaction(30)
-    # Offsets: 0-2 committed, 3 commit marker, 4-6 aborted, 7 abort marker, 8-10 committed, 11 marker.
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "test-noida",
-                         "isolation.level": "read_committed", "enable.partition.eof": True})
-    consumer.assign([TopicPartition(topic, 0, 8)])
-    offsets = []
-    while (message := consumer.poll(10)) is not None and not message.error():
-        offsets.append(message.offset())
-    consumer.close()
-    assert offsets == [8, 9, 10]
-
-
 # --- sink.py ---------------------------------------------------------------------------------------
 
 def write_task(settings: SinkSettings, task: MicroBatchTask, topic: str, count: int,
@@ -299,10 +266,10 @@ def write_task(settings: SinkSettings, task: MicroBatchTask, topic: str, count: 
     return sink  # type: ignore[return-value]
 
 
-def test_transactional_task_sink_commits_each_partition_of_a_batch_once(broker):
+def test_transactional_task_sink_commits_each_partition_of_a_batch_once(real_kafka):
     output = "replay-output"
-    broker.create_topic(output, 2)
-    settings = SinkSettings(broker.bootstrap_servers, "replay-commits", "test-replay")
+    real_kafka.create_topic(output, 2)
+    settings = SinkSettings(real_kafka.bootstrap_servers, "replay-commits", "test-replay")
     for partition in (0, 1):
         assert write_task(settings, MicroBatchTask(0, partition, "query-1"), output, 250).records == 250
     # Batch 0 again, after a crash before Spark recorded it: every partition is already committed.
@@ -311,40 +278,40 @@ def test_transactional_task_sink_commits_each_partition_of_a_batch_once(broker):
         assert again.skipped and again.records == 0
     assert write_task(settings, MicroBatchTask(1, 0, "query-1"), output, 10).records == 10
     # So does a process that never wrote them (a new Python worker): this one, with a commit log of its own.
-    commits = BatchCommitLog({"bootstrap.servers": broker.bootstrap_servers}, "replay-commits")
+    commits = BatchCommitLog({"bootstrap.servers": real_kafka.bootstrap_servers}, "replay-commits")
     try:
         assert [commits.last_batch(f"test-replay-{p}", "query-1") for p in (0, 1, 2)] == [1, 0, None]
         assert commits.last_batch("test-replay-0", "another-query") is None  # a new checkpoint starts over
     finally:
         commits.close()
-    values = [value for _, _, _, value in read_topic(broker, output)]
+    values = [value for _, _, _, value in read_topic(real_kafka, output)]
     assert sorted(values) == sorted([b"b0-p%d-%d" % (p, i) for p in (0, 1) for i in range(250)]
                                     + [b"b1-p0-%d" % i for i in range(10)])
-    markers = [json.loads(value) for _, _, _, value in read_topic(broker, "replay-commits")]
+    markers = [json.loads(value) for _, _, _, value in read_topic(real_kafka, "replay-commits")]
     assert sorted((m["partition"], m["batch_id"], m["records"]) for m in markers) == [(0, 0, 250), (0, 1, 10),
                                                                                        (1, 0, 250)]
 
 
-def test_transactional_task_sink_of_a_failed_task_leaves_nothing_visible(broker):
+def test_transactional_task_sink_of_a_failed_task_leaves_nothing_visible(real_kafka):
     output = "abort-output"
-    broker.create_topic(output, 1)
-    settings = SinkSettings(broker.bootstrap_servers, "abort-commits", "test-abort")
+    real_kafka.create_topic(output, 1)
+    settings = SinkSettings(real_kafka.bootstrap_servers, "abort-commits", "test-abort")
     failed = write_task(settings, MicroBatchTask(0, 0, "query-1"), output, 300, fail=True)
     assert failed.records == 300 and not failed.skipped  # produced in a transaction, then aborted
-    assert read_topic(broker, output) == []
-    assert read_topic(broker, "abort-commits") == []
+    assert read_topic(real_kafka, output) == []
+    assert read_topic(real_kafka, "abort-commits") == []
     # The retry of the task writes it, once.
     assert write_task(settings, MicroBatchTask(0, 0, "query-1"), output, 300).records == 300
-    assert len(read_topic(broker, output)) == 300
+    assert len(read_topic(real_kafka, output)) == 300
 
 
-def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote_its_partition(broker):
+def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote_its_partition(real_kafka):
     """Workers keep their transactional producers across batches. When a partition moves to another
     worker, that worker's producer fences the first one; the first worker must notice (the other's
     commit marker) and register a new producer instead of failing its next batch."""
     output = "kept-producer-output"
-    broker.create_topic(output, 1)
-    settings = SinkSettings(broker.bootstrap_servers, "kept-producer-commits", "test-kept")
+    real_kafka.create_topic(output, 1)
+    settings = SinkSettings(real_kafka.bootstrap_servers, "kept-producer-commits", "test-kept")
 
     def in_worker(worker: dict, batch_id: int) -> tuple[int, bool]:
         """Run one task as the given worker process would, with that worker's kept clients."""
@@ -365,7 +332,7 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
     assert next(iter(first["producers"].values())) is not kept_producer
     assert in_worker(second, 3) == (0, True)  # a replay of batch 3 elsewhere: already committed
     assert in_worker(first, 4) == (3, False)
-    values = [value for _, _, _, value in read_topic(broker, output)]
+    values = [value for _, _, _, value in read_topic(real_kafka, output)]
     assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(5) for i in range(3)]
 
 

@@ -60,7 +60,7 @@ partition for aborted ones and skips them when they come in a later fetch respon
 marker. After a failed task, its transactional id's later output can thus be hidden from
 read_committed readers on noida-db, and this sink's own marker lookups can miss markers (a replay in
 another process then writes the partition again: at least once). Not an issue with Kafka; on noida-db
-use ``exactly_once=False`` where a run includes failures. tests/test_pipeline_io.py tracks the bug.
+use ``exactly_once=False`` where a run includes failures. The exactly-once tests run on real Kafka.
 
 At least once (``exactly_once=False``): each task produces with an idempotent producer (``acks=all``)
 kept by its worker, and at its end flushes and fails if any record was not delivered; a replayed task
