@@ -20,8 +20,9 @@ from cassandra_cdc.cli.main import app
 from cassandra_cdc.kafka.schema_catalog import SchemaCatalog
 from cassandra_cdc.pipeline.pipeline_config import ConfigError
 from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
-from cassandra_cdc.pipeline.streaming_job import (balanced_group_keys, check_checkpoint, check_checkpoint_logs,
-                                        check_state_layout)
+from cassandra_cdc.pipeline.checkpoint_files import checkpoint_files
+from cassandra_cdc.pipeline.streaming_job import (STATE_LAYOUT_FILE, balanced_group_keys, check_checkpoint,
+                                        check_checkpoint_logs, check_state_layout)
 from cassandra_cdc.pipeline.event_sink import (BatchCommitLog, MicroBatchTask, SinkError, SinkSettings,
                                                TransactionalProducer, TransactionalTaskSink, task_sink)
 from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
@@ -394,19 +395,23 @@ def test_raw_partitions_are_spread_evenly_over_the_state_partitions(spark, group
     assert sorted(row["count"] for row in placed) == [groups // partitions] * partitions
 
 
+def check_local_state_layout(config, raw_partitions):
+    check_state_layout(checkpoint_files(config.checkpoint, None), config, raw_partitions)
+
+
 def test_a_checkpoint_refuses_another_state_layout(tmp_path):
     def config(shuffle_partitions: int = 2):
         return load_pipeline_config(None, {"server": "s", "checkpoint": str(tmp_path / "checkpoint"),
                                            "kafka.bootstrap_servers": "127.0.0.1:1",
                                            "spark.shuffle_partitions": shuffle_partitions})
 
-    check_state_layout(config(), None)  # a new checkpoint, before the raw topic exists
-    check_state_layout(config(), 12)  # the raw topic's partitions are recorded once it exists
-    check_state_layout(config(), 12)
+    check_local_state_layout(config(), None)  # a new checkpoint, before the raw topic exists
+    check_local_state_layout(config(), 12)  # the raw topic's partitions are recorded once it exists
+    check_local_state_layout(config(), 12)
     with pytest.raises(ConfigError, match="raw_topic.partitions 12 → 16"):
-        check_state_layout(config(), 16)
+        check_local_state_layout(config(), 16)
     with pytest.raises(ConfigError, match="spark.shuffle_partitions 2 → 4"):
-        check_state_layout(config(4), 12)
+        check_local_state_layout(config(4), 12)
     # A checkpoint with offsets but no record of its layout, or another version of it, was written by an
     # earlier pipeline.
     older = tmp_path / "older"
@@ -415,15 +420,15 @@ def test_a_checkpoint_refuses_another_state_layout(tmp_path):
     older_config = load_pipeline_config(None, {"server": "s", "checkpoint": str(older),
                                                "kafka.bootstrap_servers": "127.0.0.1:1"})
     with pytest.raises(ConfigError, match="earlier version"):
-        check_state_layout(older_config, 12)
+        check_local_state_layout(older_config, 12)
     (older / "cassandra-cdc-state.json").write_text(json.dumps({"version": 2, "state.buckets": 64}))
     with pytest.raises(ConfigError, match="earlier version"):
-        check_state_layout(older_config, 12)
+        check_local_state_layout(older_config, 12)
     # A damaged record of the layout is named, whatever it holds.
     for damaged in ('{"version": 3, "spark.shuff', "[3, 2]"):
         (older / "cassandra-cdc-state.json").write_text(damaged)
         with pytest.raises(ConfigError, match=r"older/cassandra-cdc-state.json .*restore the checkpoint"):
-            check_state_layout(older_config, 12)
+            check_local_state_layout(older_config, 12)
 
 
 def test_an_empty_checkpoint_is_refused_once_the_pipeline_committed_output(broker, tmp_path):
@@ -462,7 +467,7 @@ def test_a_damaged_checkpoint_file_is_named_in_one_line(spark, broker, tmp_path)
         {"version": 3, "spark.shuffle_partitions": 2, "raw_topic.partitions": 1}))
     config = load_pipeline_config(None, {"server": server, "checkpoint": str(checkpoint),
                                          "kafka.bootstrap_servers": broker.bootstrap_servers})
-    check_checkpoint_logs(config)
+    check_checkpoint_logs(checkpoint_files(config.checkpoint, None))
     damaged = max((checkpoint / "offsets").glob("[0-9]*"), key=lambda path: int(path.name))
     damaged.write_bytes(damaged.read_bytes()[:-7] + b"\x00garbage")
     result = CliRunner().invoke(app, ["pipeline", "--bootstrap-servers", broker.bootstrap_servers,
@@ -470,3 +475,40 @@ def test_a_damaged_checkpoint_file_is_named_in_one_line(spark, broker, tmp_path)
     assert result.exit_code == 2
     [line] = result.output.splitlines()
     assert str(damaged) in line and "restore the checkpoint" in line
+
+
+@pytest.mark.parametrize("checkpoint", ["s3a://bucket/ckpt", "hdfs://namenode:8020/cdc/ckpt",
+                                        "file:///tmp/ckpt"])
+def test_a_hadoop_checkpoint_uri_reaches_spark_untouched(checkpoint):
+    config = load_pipeline_config(None, {"server": "s", "checkpoint": checkpoint,
+                                         "kafka.bootstrap_servers": "127.0.0.1:1"})
+    assert config.checkpoint == checkpoint
+
+
+def test_a_checkpoint_outside_this_host_is_checked_once_spark_runs(tmp_path):
+    config = load_pipeline_config(None, {"server": "s", "checkpoint": "s3a://bucket/ckpt",
+                                         "kafka.bootstrap_servers": "127.0.0.1:1"})
+    assert checkpoint_files(config.checkpoint, None) is None
+    check_checkpoint(config)  # no Kafka, no S3 reached before Spark starts
+
+
+def test_a_file_uri_checkpoint_is_read_and_written_through_hadoop(spark, broker, tmp_path):
+    server = f"hadoop-{uuid.uuid4().hex[:8]}"
+    broker.create_topic(f"{server}.raw", 1)
+    produce(broker, f"{server}.raw", [(0, b"k%d" % i, b"v%d" % i) for i in range(4)])
+    directory = tmp_path / "checkpoint"
+    config = load_pipeline_config(None, {"server": server, "checkpoint": f"file://{directory}",
+                                         "kafka.bootstrap_servers": broker.bootstrap_servers})
+    check_checkpoint(config, spark)  # a new checkpoint
+    assert json.loads((directory / STATE_LAYOUT_FILE).read_text()) == {
+        "version": 3, "spark.shuffle_partitions": 2, "raw_topic.partitions": 1}
+    # Hadoop's local file system writes a checksum beside each file: the layout file went through it.
+    assert (directory / f".{STATE_LAYOUT_FILE}.crc").exists()
+    run_available_now(spark, broker, f"{server}.raw", directory, max_offsets=2)  # Spark's own batch logs
+    check_checkpoint(config)  # before Spark: the same files, read locally
+    check_checkpoint(config, spark)
+    damaged = max((directory / "offsets").glob("[0-9]*"), key=lambda path: int(path.name))
+    damaged.write_bytes(damaged.read_bytes()[:-7] + b"\x00garbage")
+    location = f"file://{directory}/offsets/{damaged.name}"
+    with pytest.raises(ConfigError, match=rf"checkpoint file {location} is damaged"):
+        check_checkpoint(config, spark)

@@ -15,7 +15,9 @@ def pipeline(
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline YAML configuration file.")] = None,
     bootstrap_servers: Annotated[Optional[str], typer.Option(help="Kafka bootstrap servers.")] = None,
     server: Annotated[Optional[str], typer.Option(help="Logical cluster name the agents use (topic prefix).")] = None,
-    checkpoint: Annotated[Optional[Path], typer.Option(help="Spark checkpoint directory (offsets and state).")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(
+        help="Spark checkpoint directory (offsets and state): a path or a Hadoop URI (hdfs://, s3a://...).",
+    )] = None,
     format: Annotated[Optional[str], typer.Option("--format", help="Event format: json or avro.")] = None,
     master: Annotated[Optional[str], typer.Option(help="Spark master (default local[2]).")] = None,
     duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.")] = None,
@@ -29,7 +31,7 @@ def pipeline(
     Debezium-style event per real change to <server>.<keyspace>.<table>.
 
     Configure with a YAML file (see docs/pipeline.md) or the flags, which override it. The same job
-    runs under spark-submit (see the README). Stops cleanly on Ctrl-C or after --duration.
+    runs under spark-submit (see docs/pipeline.md). Stops cleanly on Ctrl-C or after --duration.
     """
     from ..pipeline.pipeline_config import load_config
     from ..pipeline.streaming_job import check_checkpoint, run
@@ -41,7 +43,8 @@ def pipeline(
     try:
         settings = load_config(config, overrides)
         check_checkpoint(settings)
+        status = run(settings, duration)  # checks a checkpoint outside this host once Spark runs
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2)
-    raise typer.Exit(run(settings, duration))
+    raise typer.Exit(status)

@@ -55,7 +55,9 @@ class OutputSettings(_Section):
 class PipelineConfig(ServerTopics, _Section):
     server: str = Field(..., description="Logical cluster name, as the agents use it; prefix of every topic.")
     cluster: str | None = Field(None, description="Cassandra cluster name shown in events. Default: server")
-    checkpoint: Path = Field(..., description="Spark checkpoint directory (offsets and merge state).")
+    checkpoint: str = Field(..., description="Spark checkpoint directory (offsets and merge state): a local "
+                                             "path or a Hadoop URI (file://, hdfs://, s3a://...), given to "
+                                             "Spark as is.")
     reset_checkpoint: bool = Field(False, description="Start with an empty checkpoint even though the "
                                                       "commit topic shows an earlier run's output: every "
                                                       "event of the raw topic is written again.")

@@ -17,6 +17,7 @@
   atomically.
 - Python workers fork from ``cassandra_cdc.pipeline.worker_daemon``, which has pandas, pyarrow and the
   pipeline imported already (see that module).
+- Under spark-submit the master is spark-submit's: ``master=None`` leaves it alone.
 - Local masters bind to loopback. No UI, warnings-only logs, Arrow for pandas conversions, UTC session
   time zone.
 """
@@ -36,7 +37,14 @@ FILE_SYSTEM_CHECKPOINT_FILES = \
 WORKER_DAEMON = "cassandra_cdc.pipeline.worker_daemon"
 
 
-def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shuffle_partitions: int = 2,
+def submitted_master() -> bool:
+    """Whether spark-submit started this process: it starts the JVM first and hands its gateway to
+    Python in this variable, with the master and settings it was given."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def spark_session(master: str | None = "local[2]", app_name: str = "cassandra-cdc",
+                  shuffle_partitions: int = 2,
                   extra_conf: dict[str, Any] | None = None) -> SparkSession:
     """Get (or create) the session; ``extra_conf`` is applied last and wins over every default here.
 
@@ -55,7 +63,7 @@ def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shu
         "spark.sql.session.timeZone": "UTC",
         "spark.python.daemon.module": WORKER_DAEMON,
     }
-    if master.startswith("local"):
+    if master is not None and master.startswith("local"):
         # Everything is on this host: no warning that the hostname resolves to a loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINT_FILES
@@ -64,7 +72,9 @@ def spark_session(master: str = "local[2]", app_name: str = "cassandra-cdc", shu
         # cores it took a quarter of the CPU of a throughput run (benchmarks/RESULTS.md).
         conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
     conf.update(extra_conf or {})
-    builder = SparkSession.builder.master(master).appName(app_name)
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
@@ -91,4 +101,4 @@ def kafka_format_available(spark: SparkSession) -> bool:
         return False
 
 
-__all__ = ["kafka_format_available", "spark_session"]
+__all__ = ["kafka_format_available", "spark_session", "submitted_master"]

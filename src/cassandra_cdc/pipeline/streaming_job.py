@@ -11,7 +11,6 @@ import logging
 import signal
 import threading
 import time
-from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
@@ -20,11 +19,12 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from ..kafka.admin import admin_settings
+from .checkpoint_files import CheckpointFiles, checkpoint_files
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
 from .event_sink import SinkSettings, partitions_committed
 from .kafka_source import KafkaDataSource, SourceOptions
-from .spark_session import kafka_format_available, spark_session
+from .spark_session import kafka_format_available, spark_session, submitted_master
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,7 @@ STATE_LAYOUT_FILE = "cassandra-cdc-state.json"
 STATE_LAYOUT_VERSION = 3
 
 
-def check_state_layout(config: PipelineConfig, raw_partitions: int | None) -> None:
+def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_partitions: int | None) -> None:
     """Refuse a checkpoint whose state was laid out otherwise than this job would read it.
 
     Each raw topic partition's partition keys are one group of the state, placed in one of the
@@ -113,20 +113,22 @@ def check_state_layout(config: PipelineConfig, raw_partitions: int | None) -> No
     to the raw topic moves partition keys to other raw partitions, hence other groups, the same way.
     A new checkpoint records the layout (the raw topic's partitions once the topic exists).
     """
-    checkpoint = Path(config.checkpoint)
+    checkpoint = config.checkpoint
     layout = {"version": STATE_LAYOUT_VERSION, "spark.shuffle_partitions": config.spark.shuffle_partitions,
               "raw_topic.partitions": raw_partitions}
-    recorded_file = checkpoint / STATE_LAYOUT_FILE
-    if recorded_file.exists():
+    recorded_file = files.location(STATE_LAYOUT_FILE)
+    read: object = None
+    if files.exists(STATE_LAYOUT_FILE):
         try:
-            recorded = json.loads(recorded_file.read_text())
+            read = json.loads(files.read_text(STATE_LAYOUT_FILE))
         except (OSError, ValueError) as error:
             raise ConfigError(f"{recorded_file} cannot be read ({error}): it records how the checkpoint's state is "
                               "laid out; restore the checkpoint from a backup, or start a new one") from None
-        if not isinstance(recorded, dict):
+        if not isinstance(read, dict):
             raise ConfigError(f"{recorded_file} is not what the pipeline wrote (a JSON object): restore the "
                               "checkpoint from a backup, or start a new one")
-    elif any((checkpoint / "offsets").glob("[0-9]*")):
+        recorded = dict(read)
+    elif files.batch_files("offsets"):
         recorded = {"version": 1}
     else:
         recorded = {name: value for name, value in layout.items() if name != "raw_topic.partitions"}
@@ -140,8 +142,8 @@ def check_state_layout(config: PipelineConfig, raw_partitions: int | None) -> No
     if changed:
         raise ConfigError(f"checkpoint {checkpoint} holds state laid out for other settings ({', '.join(changed)}): "
                           "keep them, or start a new checkpoint (and bootstrap the tables again)")
-    checkpoint.mkdir(parents=True, exist_ok=True)
-    recorded_file.write_text(json.dumps(recorded))
+    if recorded != read:
+        files.write_text(STATE_LAYOUT_FILE, json.dumps(recorded))
 
 
 def raw_topic_partitions(config: PipelineConfig) -> int | None:
@@ -159,7 +161,7 @@ def raw_topic_partitions(config: PipelineConfig) -> int | None:
     return count
 
 
-def check_not_restarted_from_scratch(config: PipelineConfig) -> None:
+def check_not_restarted_from_scratch(files: CheckpointFiles, config: PipelineConfig) -> None:
     """Refuse a checkpoint without progress when the pipeline's output says it ran before.
 
     With a lost or deleted checkpoint, Spark starts a new query from the raw topic's start: every event
@@ -168,12 +170,12 @@ def check_not_restarted_from_scratch(config: PipelineConfig) -> None:
     partitions in the commit topic show that it ran: only ``reset_checkpoint`` starts over then.
     (Without ``exactly_once`` there are no markers, and no check.)
     """
-    checkpoint = Path(config.checkpoint)
-    if config.reset_checkpoint or any((checkpoint / "offsets").glob("[0-9]*")):
+    if config.reset_checkpoint or files.batch_files("offsets"):
         return
     committed = partitions_committed(sink_settings(config))
     if committed:
-        raise ConfigError(f"checkpoint {checkpoint} is empty or missing, but {committed} state partition(s) "
+        raise ConfigError(f"checkpoint {config.checkpoint} is empty or missing, but {committed} state "
+                          "partition(s) "
                           f"of an earlier run committed output to Kafka (topic {config.commit_topic}): "
                           "starting over would write every event again; restore the checkpoint, or pass "
                           "--reset-checkpoint (reset_checkpoint: true) to reprocess the raw topic from its "
@@ -185,49 +187,54 @@ def check_not_restarted_from_scratch(config: PipelineConfig) -> None:
 CHECKPOINT_LOGS = ("offsets", "commits")
 
 
-def check_checkpoint_logs(config: PipelineConfig) -> None:
+def check_checkpoint_logs(files: CheckpointFiles) -> None:
     """Refuse a checkpoint whose batch logs Spark could not read, naming the file: Spark would fail the
     query with a Java stack trace that does not say which file."""
-    checkpoint = Path(config.checkpoint)
     for log_name in CHECKPOINT_LOGS:
-        for path in sorted((checkpoint / log_name).glob("[0-9]*")):
+        for name in files.batch_files(log_name):
             try:
-                version, *values = path.read_text(encoding="utf-8").splitlines()
+                version, *values = files.read_text(name).splitlines()
                 if not (version.startswith("v") and version[1:].isdigit()) or not values:
                     raise ValueError("no version line and values")
                 for value in values:
                     if value != "-":
                         json.loads(value)
             except (OSError, ValueError) as error:
-                raise ConfigError(f"checkpoint file {path} is damaged ({error}): restore the checkpoint "
-                                  "from a backup, or start a new one (see --reset-checkpoint)") from None
+                raise ConfigError(f"checkpoint file {files.location(name)} is damaged ({error}): restore "
+                                  "the checkpoint from a backup, or start a new one (see --reset-checkpoint)"
+                                  ) from None
 
 
-def check_checkpoint(config: PipelineConfig) -> None:
-    """What ``start`` checks before it starts the query (the CLI calls it before Spark starts)."""
-    check_checkpoint_logs(config)
+def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None) -> None:
+    """What ``start`` checks before it starts the query. The CLI calls it before Spark starts too, when
+    only a local checkpoint can be checked: a checkpoint elsewhere is checked once the session exists."""
+    files = checkpoint_files(config.checkpoint, spark)
+    if files is None:
+        return
+    check_checkpoint_logs(files)
     try:
         partitions = raw_topic_partitions(config)
-        check_not_restarted_from_scratch(config)
+        check_not_restarted_from_scratch(files, config)
     except KafkaException as error:
         raise ConfigError(f"cannot reach Kafka at {config.kafka.bootstrap_servers}: {error}") from error
-    check_state_layout(config, partitions)
+    check_state_layout(files, config, partitions)
 
 
 def start(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
-    check_checkpoint(config)
+    check_checkpoint(config, spark)
     return (change_events(spark, config).writeStream
             .queryName(QUERY_NAME)
             .format("noop")
             .outputMode("update")
-            .option("checkpointLocation", str(config.checkpoint))
+            .option("checkpointLocation", config.checkpoint)
             .trigger(processingTime=config.spark.trigger_interval)
             .start())
 
 
 def run(config: PipelineConfig, duration: float | None = None) -> int:
     """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds."""
-    spark = spark_session(config.spark.master or "local[2]", QUERY_NAME, config.spark.shuffle_partitions,
+    master = None if submitted_master() else config.spark.master or "local[2]"
+    spark = spark_session(master, QUERY_NAME, config.spark.shuffle_partitions,
                           config.spark.conf)
     query = start(spark, config)
     if threading.current_thread() is threading.main_thread():
