@@ -213,11 +213,16 @@ def run_task(processor: ChangeProcessor, call: Any, topic: str = f"{SERVER}.app.
     return [json.loads(value)["payload"] for value in processor.events.read(topic)]  # type: ignore[attr-defined]
 
 
+def kafka_rows(records: list[tuple[bytes, bytes]]) -> pd.DataFrame:
+    """``(key, value)`` records as the rows Spark's ``kafka`` format gives them: partition 0, in offset order."""
+    return pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
+                         "partition": [0] * len(records), "offset": list(range(len(records)))})
+
+
 def run_batch(processor: ChangeProcessor, handle: _MemoryHandle, records: list[tuple[bytes, bytes]], group: int = 0,
               topic: str = f"{SERVER}.app.users") -> list[dict[str, Any]]:
     """One micro-batch of one group, its records in the rows as Spark's ``kafka`` format gives them."""
-    frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
-                          "partition": [0] * len(records), "offset": list(range(len(records)))})
+    frame = kafka_rows(records)
     handle.current = (group,)
     return run_task(processor, lambda: list(processor.handleInputRows((group,), iter([frame]), _Clock())), topic)
 
@@ -298,8 +303,7 @@ def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carr
             Update("app.carts", {"id": 1}, {"owner": "ann"}, timestamp=NOW), schema).updates), 7)[1:]
         records = [(record_key(update), RawRecord(node, 1, 100, 7, NOW, update).encode())
                    for node in ("node1", "node2")]
-        frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
-                              "partition": [0, 0], "offset": [0, 1]})
+        frame = kafka_rows(records)
         owner.init(handle)
         list(owner.handleInputRows((0,), iter([frame]), _Clock()))
         owner.close()
@@ -390,8 +394,7 @@ def test_random_update_bytes_under_a_valid_header_are_dead_lettered_never_merged
         except IndexError:
             key = USERS_ID
         records.append((key, RawRecord("node1", 1, 100, 7, NOW, update).encode()))
-    frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
-                          "partition": [0] * len(records), "offset": list(range(len(records)))})
+    frame = kafka_rows(records)
     handle.current = (0,)
     change_processor.init(handle)  # type: ignore[arg-type]
     list(change_processor.handleInputRows((0,), iter([frame]), _Clock()))
@@ -420,8 +423,7 @@ def test_an_update_the_merge_refuses_is_dead_lettered_and_the_batch_goes_on(brok
             Insert("app.visits", {"id": 1, "day": 4, "page": "home"}, timestamp=NOW + 1), schema).updates), 7)[1:]
         records = [(record_key(update), RawRecord("node1", 1, 100 + i, 7, NOW, update).encode())
                    for i, update in enumerate((unclosed_bytes, insert))]
-        frame = pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
-                              "partition": [0, 0], "offset": [0, 1]})
+        frame = kafka_rows(records)
         owner.init(handle)
         list(owner.handleInputRows((0,), iter([frame]), _Clock()))
         owner.close()
