@@ -190,7 +190,7 @@ def test_the_pipeline_reads_and_writes_through_sasl_ssl(secure_kafka: Any, tmp_p
     process = start_pipeline(command)
     try:
         assert wait_for(lambda: len(read_all(secure_kafka.bootstrap_servers, topic,
-                                             security=security.librdkafka())) >= 10, 180)
+                                             security=security.librdkafka())) >= 10, 300)
     finally:
         stop_pipeline(process)
     events = [e["payload"]

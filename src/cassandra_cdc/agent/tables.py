@@ -147,18 +147,17 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
         settings = source.cassandra
         assert settings is not None
         cluster = cql_cluster(settings)
+        nodes = ", ".join(settings.contact_points)
         try:
-            session = cluster.connect()
-            datacenters = {host.datacenter for host in cluster.metadata.all_hosts()}
-            if settings.local_dc is not None and settings.local_dc not in datacenters:
-                known = ", ".join(sorted(map(str, datacenters)))
-                raise ConfigError(f"schema.cassandra.local_dc: no node of datacenter {settings.local_dc} in "
-                                  f"the cluster (its datacenters: {known})")
-            return fetch_schema(session)
+            return fetch_schema(cluster.connect())
         except (NoHostAvailable, DriverException, OSError) as error:
-            reasons = getattr(error, "errors", None) or {}
+            reasons = getattr(error, "errors", None)
+            if not isinstance(reasons, dict) or not reasons:
+                if settings.local_dc is not None:  # no node to ask: none is in the local datacenter
+                    raise ConfigError(f"schema.cassandra.local_dc: no node of datacenter {settings.local_dc} "
+                                      f"among {nodes}: give the datacenter of the contact points") from None
+                reasons = {}
             reason = "; ".join(f"{host}: {problem}" for host, problem in reasons.items()) or str(error)
-            nodes = ", ".join(settings.contact_points)
             raise ConfigError(f"schema.cassandra: cannot read the schema from {nodes} port {settings.port}: "
                               f"{reason}") from None
         finally:
