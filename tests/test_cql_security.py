@@ -26,10 +26,11 @@ def tls_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[An
     node = authority.issue(root / "tls", "node", hosts=["127.0.0.1", "localhost"])
     key_store = root / "tls" / "node-keystore.pem"
     key_store.write_text(node.key.read_text() + node.certificate.read_text())
-    encryption = {"enabled": True, "optional": True, "require_client_auth": False,
-                  "ssl_context_factory": {"class_name": "org.apache.cassandra.security.PEMBasedSslContextFactory"},
+    pem = {"class_name": "org.apache.cassandra.security.PEMBasedSslContextFactory"}
+    encryption = {"enabled": True, "optional": True, "require_client_auth": False, "ssl_context_factory": pem,
                   "keystore": str(key_store), "truststore": str(authority.certificate)}
-    with CassandraCluster(root / "cluster", nodes=1, config={"client_encryption_options": encryption}) as cluster:
+    config = {"client_encryption_options": encryption}
+    with CassandraCluster(root / "cluster", nodes=1, config=config) as cluster:
         yield cluster, authority.certificate
 
 
