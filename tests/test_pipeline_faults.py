@@ -35,9 +35,11 @@ V2 = f"""CREATE TABLE app.items (id int PRIMARY KEY, name text, qty int, color t
 class RawPublisher:
     """Publishes what an agent would: the table's schema record, then one raw record per update."""
 
-    def __init__(self, bootstrap: str, server: str) -> None:
+    def __init__(self, bootstrap: str, server: str, security: dict[str, Any] | None = None) -> None:
+        """``security``: librdkafka's settings of the connection (KafkaSecurity.librdkafka())."""
         self.server = server
-        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"})
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                                  **(security or {})})
         self.position = 0
 
     def schema(self, cql: str) -> Any:
@@ -63,11 +65,13 @@ class RawPublisher:
         self.producer.flush(30)
 
 
-def read_all(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Any]:
+def read_all(bootstrap: str, topic: str, isolation: str = "read_committed",
+             security: dict[str, Any] | None = None) -> list[Any]:
     """The events of ``topic`` up to each partition's end as the consumer sees it (read_committed: the last
     stable offset). Not the high watermark: no record reaches it when a transaction marker comes last."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}",
-                         "isolation.level": isolation, "enable.auto.commit": False, "enable.partition.eof": True})
+                         "isolation.level": isolation, "enable.auto.commit": False,
+                         "enable.partition.eof": True, **(security or {})})
     try:
         metadata = consumer.list_topics(timeout=10).topics.get(topic)
         if metadata is None:

@@ -28,6 +28,13 @@ REFERENCE = re.compile(r"\$\{(?:file:(?P<file>[^}]+)|(?P<env>[A-Za-z_][A-Za-z0-9
 FILE_SUFFIX = "_file"
 
 
+def readable_file(value: Path | None) -> Path | None:
+    """A settings validator: the file must be there to be read (checked before anything starts)."""
+    if value is not None and not (value.is_file() and os.access(value, os.R_OK)):
+        raise ValueError(f"{value} is not a readable file")
+    return value
+
+
 def load_settings(model: type[Model], path: Path | None, overrides: dict[str, Any] | None = None) -> Model:
     """Read and validate the YAML file (if any) with overrides (dotted keys, None = not given) on top.
 
@@ -218,8 +225,12 @@ def _plain(value: Any) -> str:
 
 
 def _type_text(annotation: Any) -> str:
+    if annotation is type(None):
+        return "None"
     if getattr(annotation, "__origin__", None) is Literal:
         return " \\| ".join(f"`{choice}`" for choice in annotation.__args__)
+    if any(getattr(choice, "__origin__", None) is Literal for choice in getattr(annotation, "__args__", ())):
+        return " \\| ".join(_type_text(choice) for choice in annotation.__args__)
     if not getattr(annotation, "__args__", None):
         return getattr(annotation, "__name__", str(annotation))
     text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")

@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..settings import ConfigError, load_settings
+from ..settings import ConfigError, load_settings, readable_file
 from ..kafka import RAW_TOPIC_PARTITIONS, ServerTopics
+from ..kafka.security import KafkaConnection
 
 __all__ = ["AgentConfig", "ConfigError", "load_config"]
 
@@ -19,13 +20,42 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class CqlTls(_Section):
+    ca_file: Path = Field(..., description="PEM file of the CA certificates that signed the nodes' "
+                                           "(client_encryption_options).")
+    cert_file: Path | None = Field(None, description="PEM client certificate, for nodes that require client "
+                                                     "certificates (with key_file).")
+    key_file: Path | None = Field(None, description="PEM private key of cert_file.")
+    key_password: str | None = Field(None, description="Password of an encrypted key_file.")
+    verify_hostname: bool = Field(True, description="Check that a node's certificate names the address "
+                                                    "connected to.")
+
+    _readable = field_validator("ca_file", "cert_file", "key_file")(readable_file)
+
+    @model_validator(mode="after")
+    def _key_with_certificate(self) -> "CqlTls":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give cert_file and key_file together")
+        if self.key_password is not None and self.key_file is None:
+            raise ValueError("key_password needs key_file")
+        return self
+
+
 class CassandraSchemaSource(_Section):
     contact_points: list[str] = Field(default_factory=lambda: ["127.0.0.1"],
                                       description="Cassandra hosts to read system_schema from.")
     port: int = Field(9042, description="CQL native port.")
     username: str | None = Field(None, description="CQL user (PasswordAuthenticator).")
-    password: str | None = Field(None, description="CQL password.")
-    local_dc: str | None = Field(None, description="Datacenter of the node the agent runs beside.")
+    password: str | None = Field(None, description="CQL password (see password_file).")
+    tls: CqlTls | None = Field(None, description="Connect with TLS (the nodes' client_encryption_options).")
+    local_dc: str | None = Field(None, description="Datacenter of the node the agent runs beside: the only "
+                                                   "one queried. Default: the contact points' datacenter.")
+
+    @model_validator(mode="after")
+    def _user_with_password(self) -> "CassandraSchemaSource":
+        if (self.username is None) != (self.password is None):
+            raise ValueError("give username and password together")
+        return self
 
 
 class SchemaSource(_Section):
@@ -55,14 +85,14 @@ PRODUCER_GUARANTEES = frozenset({"enable.idempotence", "enable.gapless.guarantee
                                  "partitioner"})
 
 
-class KafkaSettings(_Section):
-    bootstrap_servers: str = Field(..., description="Kafka bootstrap servers, host:port[,host:port].")
+class KafkaSettings(KafkaConnection, _Section):
     raw_topic: str | None = Field(None, description="Raw change topic. Default: <server>.raw")
     schema_topic: str | None = Field(None, description="Compacted table schema topic. Default: <server>")
     errors_topic: str | None = Field(None, description="Dead-letter topic. Default: <server>.errors")
     raw_topic_partitions: int = Field(RAW_TOPIC_PARTITIONS, ge=1, description="Partitions of the raw topic when the agent creates it.")
     producer: dict[str, Any] = Field(default_factory=dict,
-                                     description="Extra librdkafka producer settings (security, batching).")
+                                     description="Extra librdkafka producer settings (batching); they "
+                                                 "override what kafka.security sets.")
     max_buffered_bytes: int = Field(64 * 1024 * 1024, ge=1024 * 1024,
                                     description="Unacknowledged bytes held in memory before reading pauses.")
     accept_lost_records: bool = Field(

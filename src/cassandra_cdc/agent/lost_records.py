@@ -73,5 +73,5 @@ def describe_loss(topic: str, lost: list[LostPartition]) -> str:
 
 def _client_settings(config: AgentConfig) -> dict[str, Any]:
     """A consumer that only reads offsets, connecting as the agent's producer does (security settings)."""
-    connection = admin_settings({**config.kafka.producer, "bootstrap.servers": config.kafka.bootstrap_servers})
+    connection = admin_settings(config.kafka.librdkafka(config.kafka.producer))
     return {**connection, "group.id": f"cassandra-cdc-agent-{uuid.uuid4().hex}", "enable.auto.commit": False}

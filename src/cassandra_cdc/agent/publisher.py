@@ -19,23 +19,15 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
 from ..kafka.admin import admin_settings, create_missing_topics
+from ..kafka.security import LibrdkafkaLog, LoginCheck
+from ..settings import ConfigError
 
 log = logging.getLogger(__name__)
-librdkafka_log = logging.getLogger("cassandra_cdc.librdkafka")
-
 Acknowledge = Callable[[KafkaError | None, Message], None]
 
 
 class DeliveryFailed(RuntimeError):
     """Kafka refused a record for good (not a transient outage)."""
-
-
-class _DebugLog:
-    """The ``logger`` of librdkafka clients: their lines, whatever their level, at DEBUG."""
-
-    @staticmethod
-    def log(_level: int, message: str, *args: object) -> None:
-        librdkafka_log.debug(message, *args)
 
 
 class Publisher:
@@ -54,11 +46,12 @@ class Publisher:
             "queue.buffering.max.kbytes": max(1, max_buffered_bytes // 1024),
             "queue.buffering.max.messages": 2_000_000,
             "error_cb": self._on_error,
-            "logger": _DebugLog(),
+            "logger": LibrdkafkaLog(),
         }
         settings.update(extra or {})
         self._producer = Producer(settings)
-        self._admin_settings = admin_settings(settings)
+        self._login = LoginCheck()
+        self._admin_settings = {**admin_settings(settings), **self._login.settings()}
         self._admin: AdminClient | None = None  # one for every attempt: each new client logs its own failures
         self._on_reachability = on_reachability
         self.reachable = True
@@ -81,11 +74,19 @@ class Publisher:
                 self._on_reachability(reachable)
 
     def ensure_topics(self, topics: dict[str, tuple[int, bool]], timeout: float = 30.0) -> None:
-        """Create missing topics: name -> (partitions, compacted). Existing topics are left as they are."""
+        """Create missing topics: name -> (partitions, compacted). Existing topics are left as they are.
+
+        Raises ``ConfigError`` when the brokers refuse the agent's login or TLS (kafka.security)."""
         if self._admin is None:
             self._admin = AdminClient(self._admin_settings)
         self._admin.poll(0)  # serves its log
-        create_missing_topics(self._admin, topics, timeout)
+        try:
+            create_missing_topics(self._admin, topics, timeout)
+        except KafkaException:
+            refused = self._login.refusal(self._admin, self.bootstrap_servers)
+            if refused is not None:
+                raise ConfigError(refused) from None
+            raise
 
     def publish(self, topic: str, key: bytes, value: bytes, on_delivery: Acknowledge | None,
                 should_stop: Callable[[], bool] = lambda: False, partition: int = -1) -> bool:

@@ -9,13 +9,14 @@ file changes, and when the node logs a schema change (a mutation of ``system_sch
 from __future__ import annotations
 
 import logging
+import ssl
 import time
 import uuid
-from typing import Callable
+from typing import Any, Callable
 
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
 from ..schema.system_schema import fetch_schema
-from .agent_config import AgentConfig
+from .agent_config import AgentConfig, CassandraSchemaSource, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -140,16 +141,48 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
         return from_file
 
     def from_cluster() -> Schema:
-        from cassandra.auth import PlainTextAuthProvider
-        from cassandra.cluster import Cluster
+        from cassandra import DriverException
+        from cassandra.cluster import NoHostAvailable
 
         settings = source.cassandra
         assert settings is not None
-        auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
-        cluster = Cluster(settings.contact_points, port=settings.port, auth_provider=auth)
+        cluster = cql_cluster(settings)
+        nodes = ", ".join(settings.contact_points)
         try:
             return fetch_schema(cluster.connect())
+        except (NoHostAvailable, DriverException, OSError) as error:
+            reasons = getattr(error, "errors", None)
+            if not isinstance(reasons, dict) or not reasons:
+                if settings.local_dc is not None:  # no node to ask: none is in the local datacenter
+                    raise ConfigError(f"schema.cassandra.local_dc: no node of datacenter {settings.local_dc} "
+                                      f"among {nodes}: give the datacenter of the contact points") from None
+                reasons = {}
+            reason = "; ".join(f"{host}: {problem}" for host, problem in reasons.items()) or str(error)
+            raise ConfigError(f"schema.cassandra: cannot read the schema from {nodes} port {settings.port}: "
+                              f"{reason}") from None
         finally:
             cluster.shutdown()
 
     return from_cluster
+
+
+def cql_cluster(settings: CassandraSchemaSource) -> Any:
+    """A cassandra-driver ``Cluster`` as ``schema.cassandra`` says: login, TLS, and the local datacenter as
+    the only one queried."""
+    from cassandra.auth import PlainTextAuthProvider
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+    from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
+    auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
+    context = None
+    if settings.tls is not None:
+        tls = settings.tls
+        context = ssl.create_default_context(cafile=str(tls.ca_file))
+        context.check_hostname = tls.verify_hostname
+        if tls.cert_file is not None:
+            context.load_cert_chain(str(tls.cert_file), str(tls.key_file), tls.key_password)
+    # Without local_dc the driver takes the contact points' datacenter as the local one.
+    policy = TokenAwarePolicy(DCAwareRoundRobinPolicy(settings.local_dc))
+    profile = ExecutionProfile(load_balancing_policy=policy)
+    return Cluster(settings.contact_points, port=settings.port, auth_provider=auth, ssl_context=context,
+                   execution_profiles={EXEC_PROFILE_DEFAULT: profile})

@@ -65,7 +65,8 @@ class Agent:
         self.keystore = load_keystore(config)
         self._check_keys()
         self.publisher = Publisher(config.kafka.bootstrap_servers, config.kafka.max_buffered_bytes,
-                                   config.kafka.producer, on_reachability=self._kafka_reachability)
+                                   config.kafka.librdkafka(config.kafka.producer),
+                                   on_reachability=self._kafka_reachability)
         self.deliveries = Deliveries(self.publisher, self.metrics.delivery_latency)
         self.notifier = ChangeNotifier(config.cdc_raw)
         self._stopping = threading.Event()
@@ -94,8 +95,12 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         self.metrics.serve(self.config.metrics.host, self.config.metrics.port)
-        if not self._ensure_topics():
-            return 0  # stopped while waiting for Kafka: nothing was read
+        try:
+            if not self._ensure_topics():
+                return 0  # stopped while waiting for Kafka: nothing was read
+        except ConfigError as error:
+            log.error("agent stopped: %s", error)
+            return 2
         try:
             self._check_acknowledged_records()
         except (LostRecords, LostRecordsUnknown) as error:

@@ -118,7 +118,7 @@ def _run_tasks(spark: Any, config: PipelineConfig, table: TableMetadata, tasks: 
                task_hook: TaskHook | None) -> list[dict[str, Any]]:
     sc = (spark() if callable(spark) else spark).sparkContext
     settings = PublishSettings(config.kafka.bootstrap_servers, config.raw_topic, table,
-                               dict(config.kafka.producer), limits)
+                               config.kafka.librdkafka(config.kafka.producer), limits)
     # The largest first: the last tasks to start are short, so the cores finish together.
     ordered = sorted(tasks, key=lambda t: (-t.data_bytes, t.task_id))
     completed = sc.accumulator([], CompletedTasks())
@@ -181,7 +181,8 @@ def resolve_table(config: PipelineConfig, table_name: str,
     keyspace, dot, name = table_name.partition(".")
     if not dot or not keyspace or not name:
         raise BootstrapError(f"--table {table_name!r}: expected KEYSPACE.TABLE")
-    catalog = SchemaCatalog(config.kafka.bootstrap_servers, config.schema_topic, dict(config.kafka.consumer))
+    catalog = SchemaCatalog(config.kafka.bootstrap_servers, config.schema_topic,
+                            config.kafka.librdkafka(config.kafka.consumer))
     try:
         catalog.refresh()
     except KafkaException as error:
@@ -215,8 +216,7 @@ def resolve_table(config: PipelineConfig, table_name: str,
 
 def ensure_topics(config: PipelineConfig) -> None:
     """Create the raw and schema topics if they do not exist yet (as the agents would)."""
-    admin = AdminClient(admin_settings({"bootstrap.servers": config.kafka.bootstrap_servers,
-                                        **config.kafka.producer}))
+    admin = AdminClient(admin_settings(config.kafka.librdkafka(config.kafka.producer)))
     try:
         create_missing_topics(admin, {config.raw_topic: (RAW_TOPIC_PARTITIONS, False),
                                       config.schema_topic: (1, True)}, KAFKA_TIMEOUT_SECONDS)
@@ -229,8 +229,8 @@ def ensure_topics(config: PipelineConfig) -> None:
 def publish_schema(config: PipelineConfig, table: TableMetadata) -> None:
     """Publish the table's schema record, and wait for Kafka to acknowledge it."""
     failures: list[str] = []
-    producer = Producer({"bootstrap.servers": config.kafka.bootstrap_servers, "enable.idempotence": True,
-                         "acks": "all", **config.kafka.producer})
+    producer = Producer(config.kafka.librdkafka({"enable.idempotence": True, "acks": "all",
+                                                 **config.kafka.producer}))
     record = SchemaRecord.of(table, SCHEMA_NODE)
     producer.produce(config.schema_topic, record.encode(), record.key,
                      on_delivery=lambda error, _: failures.append(str(error)) if error else None)

@@ -38,20 +38,23 @@ No secret needs to sit in the file:
   gives a default. An unset variable without a default is an error naming the key.
 - `${file:/path}` is replaced by the content of that file (one trailing newline removed).
 - A secret key (one whose name contains `password`, `secret`, `token`, `sasl.jaas.config` or `ssl.key`)
-  can be given as `<key>_file: /path` instead: `keystore_password_file: /run/secrets/keystore`, or inside
-  Kafka client settings `sasl.password_file: /run/secrets/kafka`.
+  can be given as `<key>_file: /path` instead: `keystore_password_file: /run/secrets/keystore`, or
+  `kafka.security.password_file: /run/secrets/kafka`.
 
 The values of secret keys never appear in logs or error messages, at any log level.
 
 ```yaml
 kafka:
   bootstrap_servers: ${KAFKA_BOOTSTRAP}
-  producer:
-    security.protocol: SASL_SSL
-    sasl.mechanism: SCRAM-SHA-512
-    sasl.username: cdc-agent
-    sasl.password_file: /run/secrets/kafka-password
+  security:
+    protocol: SASL_SSL
+    sasl_mechanism: SCRAM-SHA-512
+    username: cdc-agent
+    password_file: /run/secrets/kafka-password
+    ca_file: /etc/cassandra-cdc/kafka-ca.pem
 ```
+
+Kafka's and Cassandra's logins and TLS, for every component, are described in [security.md](security.md).
 
 This page is generated from the settings the components validate (`cassandra-cdc config reference`), and
 a test keeps it equal to them.

@@ -10,14 +10,35 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
+from pydantic import BaseModel, ConfigDict
+
+from ..kafka.security import KafkaConnection
 
 AVRO_CONTAINER_MAGIC = b"Obj\x01"
+DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
+
+
+class _TailKafka(KafkaConnection):
+    """What tail takes from a component's ``kafka`` section: how to reach and log in to the brokers."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class _TailConfig(BaseModel):
+    """An agent's or a pipeline's configuration file, of which tail reads the ``kafka`` section only."""
+
+    model_config = ConfigDict(extra="ignore")
+    kafka: _TailKafka
 
 
 def tail(
     topic: Annotated[str, typer.Argument(help="The topic: <server>.<keyspace>.<table> (events), <server>.raw, "
                                               "<server> (schemas) or <server>.errors.")],
-    bootstrap_servers: Annotated[str, typer.Option(help="Kafka bootstrap servers.")] = "127.0.0.1:9092",
+    bootstrap_servers: Annotated[Optional[str], typer.Option(
+        help="Kafka bootstrap servers [default: the --config file's, else 127.0.0.1:9092].")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", "-c", help="The agent's or the pipeline's "
+                                                   "configuration file: connect to Kafka as it does "
+                                                   "(kafka.bootstrap_servers, kafka.security).")] = None,
     from_beginning: Annotated[bool, typer.Option("--from-beginning", help="Start at the oldest record "
                                                  "(default: only new ones).")] = False,
     max_records: Annotated[Optional[int], typer.Option("--max", help="Stop after this many records.")] = None,
@@ -37,20 +58,34 @@ def tail(
     partition update as `cassandra-cdc dump` prints it. Other records are printed as JSON. Reads
     committed records only (the pipeline writes events in transactions). Ctrl-C stops.
     """
-    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, TopicPartition
+    from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
 
     from ..kafka.consume import END_CHECK_SECONDS, PauseAtEnd
+    from ..kafka.security import LoginCheck
+    from ..settings import ConfigError, load_settings
 
     if max_records is not None and max_records < 1:
         raise typer.BadParameter("--max must be at least 1")
+    try:
+        servers = bootstrap_servers or (None if config else DEFAULT_BOOTSTRAP_SERVERS)
+        kafka = load_settings(_TailConfig, config, {"kafka.bootstrap_servers": servers}).kafka
+    except ConfigError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2) from None
+    client = kafka.librdkafka()
     decode_raw = topic.endswith(".raw") if raw is None else raw
-    printer = _RawPrinter(bootstrap_servers, schema, schema_topic or topic.removesuffix(".raw")) if decode_raw else None
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"cassandra-cdc-tail-{uuid.uuid4()}",
+    printer = _RawPrinter(client, schema, schema_topic or topic.removesuffix(".raw")) if decode_raw else None
+    login = LoginCheck()
+    consumer = Consumer({**client, **login.settings(), "group.id": f"cassandra-cdc-tail-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
-        metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        try:
+            metadata = consumer.list_topics(topic, timeout=10).topics.get(topic)
+        except KafkaException as error:
+            typer.echo(f"error: {login.explain(consumer, kafka.bootstrap_servers, error)}", err=True)
+            raise typer.Exit(2) from None
         if metadata is None or metadata.error is not None or not metadata.partitions:
-            typer.echo(f"error: topic {topic} does not exist on {bootstrap_servers}", err=True)
+            typer.echo(f"error: topic {topic} does not exist on {kafka.bootstrap_servers}", err=True)
             raise typer.Exit(2)
         start = OFFSET_BEGINNING if from_beginning else OFFSET_END
         places = [(topic, p) for p in sorted(metadata.partitions)]
@@ -131,7 +166,7 @@ def _avro_container(value: bytes) -> Any:
 class _RawPrinter:
     """Raw change records: a header line, then the partition update as ``dump`` prints it."""
 
-    def __init__(self, bootstrap_servers: str, schema_files: list[Path], schema_topic: str) -> None:
+    def __init__(self, client: dict[str, Any], schema_files: list[Path], schema_topic: str) -> None:
         from ..schema import SchemaError, load_schema_files
 
         self.catalog = None
@@ -145,7 +180,7 @@ class _RawPrinter:
         else:
             from ..kafka.schema_catalog import SchemaCatalog
 
-            self.catalog = SchemaCatalog(bootstrap_servers, schema_topic)
+            self.catalog = SchemaCatalog(client["bootstrap.servers"], schema_topic, client)
 
     def _table(self, table_id: uuid.UUID) -> Any:
         if self.schema is not None:

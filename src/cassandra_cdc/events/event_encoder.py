@@ -10,8 +10,7 @@ from __future__ import annotations
 import io
 import json
 import struct
-import urllib.request
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Callable, Literal, Mapping, NamedTuple
 
 import fastavro
 
@@ -202,24 +201,18 @@ class _ConnectDocument:
 
 
 class SchemaRegistry:
-    """Registers Avro schemas with a Confluent-compatible schema registry (HTTP), caching the ids."""
+    """Registers Avro schemas with a Confluent-compatible schema registry through confluent-kafka's client
+    (which caches the ids), with its login and TLS settings (``SchemaRegistrySettings.client_settings``)."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url.rstrip("/")
-        self._ids: dict[tuple[str, str], int] = {}
+    def __init__(self, settings: Mapping[str, Any]) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        self._client = SchemaRegistryClient(dict(settings))
 
     def register(self, subject: str, schema: Any) -> int:
-        text = json.dumps(schema, sort_keys=True)
-        cached = self._ids.get((subject, text))
-        if cached is not None:
-            return cached
-        request = urllib.request.Request(
-            f"{self.url}/subjects/{subject}/versions", data=json.dumps({"schema": text}).encode(),
-            headers={"Content-Type": "application/vnd.schemaregistry.v1+json"}, method="POST")
-        with urllib.request.urlopen(request, timeout=30) as response:
-            schema_id = int(json.loads(response.read())["id"])
-        self._ids[(subject, text)] = schema_id
-        return schema_id
+        from confluent_kafka.schema_registry import Schema
+
+        return self._client.register_schema(subject, Schema(json.dumps(schema, sort_keys=True), "AVRO"))
 
 
 def _avro_namespace(name: str) -> str:

@@ -9,6 +9,10 @@ Its storage under ``work_dir/data`` is formatted (``kafka.tools.StorageTool``) o
 a restart keeps every topic. Both listeners take free ports on 127.0.0.1; logs go to ``work_dir/logs``.
 Internal topics are created with one replica and few partitions, and consumer groups rebalance at once:
 a test broker, not a production one.
+
+With ``sasl_ssl``, its client listener (and the broker's own connections to itself: transaction
+markers) is SASL_SSL: TLS with the given PEM certificate, users logging in with PLAIN, SCRAM-SHA-256 or
+SCRAM-SHA-512. ``client_settings()`` then gives librdkafka's settings of its administrator.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import base64
 import logging
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from . import artifacts
 from .process import JvmError, JvmProcess, JvmService, run_tool
+from ..kafka.security import KafkaSecurity, jaas_quoted
 from ..simulator.broker import EmbeddedBroker, free_port
 
 log = logging.getLogger(__name__)
@@ -39,16 +45,66 @@ _LOG4J2 = """<?xml version="1.0" encoding="UTF-8"?>
 </Configuration>
 """
 
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_ADMIN = "admin"
+
+
+@dataclass(frozen=True)
+class SaslSsl:
+    """A SASL_SSL client listener: the broker's PEM certificate and key (PKCS#8, unencrypted), the CA that
+    signed it, and the users (name -> password) every mechanism accepts, besides the broker's ``admin``."""
+
+    certificate: Path
+    key: Path
+    ca: Path
+    users: Mapping[str, str] = field(default_factory=dict)
+    admin_password: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    @property
+    def all_users(self) -> dict[str, str]:
+        return {_ADMIN: self.admin_password, **self.users}
+
+    def broker_settings(self, key_store: Path) -> dict[str, str]:
+        plain_users = " ".join(f"user_{name}={jaas_quoted(password)}"
+                               for name, password in self.all_users.items())
+        login = f"username={jaas_quoted(_ADMIN)} password={jaas_quoted(self.admin_password)}"
+        return {
+            "sasl.enabled.mechanisms": ",".join(SASL_MECHANISMS),
+            "sasl.mechanism.inter.broker.protocol": "PLAIN",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config":
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {login} {plain_users};",
+            **{f"listener.name.sasl_ssl.{mechanism.lower()}.sasl.jaas.config":
+               f"org.apache.kafka.common.security.scram.ScramLoginModule required {login};"
+               for mechanism in SASL_MECHANISMS[1:]},
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(key_store),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.ca),
+        }
+
+    def scram_credentials(self) -> list[str]:
+        """StorageTool's ``--add-scram`` arguments: SCRAM users exist from the first start."""
+        return [argument for mechanism in SASL_MECHANISMS[1:] for name, password in self.all_users.items()
+                for argument in ("--add-scram", f"{mechanism}=[name={name},password={password}]")]
+
+
 _JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
         "-Djava.awt.headless=true"]
+
+
+def _property(value: Any) -> str:
+    """A value as a properties file holds it: a backslash there escapes the next character."""
+    return str(value).replace("\\", "\\\\")
 
 
 class KafkaBroker(JvmService):
     """A single-node Kafka cluster (node id 1) under ``work_dir``; a context manager that runs it."""
 
     def __init__(self, work_dir: str | Path, port: int | None = None, *, heap: str = "512m",
-                 progress: Callable[[str], None] | None = None, startup_timeout: float = 120.0) -> None:
+                 progress: Callable[[str], None] | None = None, startup_timeout: float = 120.0,
+                 sasl_ssl: SaslSsl | None = None) -> None:
         self.work_dir = Path(work_dir).resolve()
+        self.sasl_ssl = sasl_ssl
         self.host = "127.0.0.1"
         self.port = port or free_port(self.host)
         self.controller_port = free_port(self.host)
@@ -61,7 +117,8 @@ class KafkaBroker(JvmService):
         conf.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.properties = conf / "server.properties"
-        self.properties.write_text("".join(f"{key}={value}\n" for key, value in self._settings().items()))
+        self.properties.write_text("".join(f"{key}={_property(value)}\n"
+                                           for key, value in self._settings().items()))
         (conf / "log4j2.xml").write_text(_LOG4J2.format(log=self.server_log))
         self._java = [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *_JVM,
                       f"-Dlog4j2.configurationFile={conf / 'log4j2.xml'}", f"-Dkafka.logs.dir={self.log_dir}",
@@ -70,16 +127,29 @@ class KafkaBroker(JvmService):
                                    [*self._java, "kafka.Kafka", str(self.properties)],
                                    self.log_dir, self.server_log)
 
+    @property
+    def _listener(self) -> str:
+        return "SASL_SSL" if self.sasl_ssl else "PLAINTEXT"
+
     def _settings(self) -> dict[str, Any]:
+        listener = self._listener
+        security: dict[str, str] = {}
+        if self.sasl_ssl is not None:
+            key_store = self.work_dir / "conf" / "broker-keystore.pem"  # the key, then its certificate
+            key_store.write_text(self.sasl_ssl.key.read_text() + self.sasl_ssl.certificate.read_text())
+            key_store.chmod(0o600)
+            security = self.sasl_ssl.broker_settings(key_store)
         return {
             "process.roles": "broker,controller",
             "node.id": 1,
             "controller.quorum.voters": f"1@{self.host}:{self.controller_port}",
-            "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{self.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "listeners": f"{listener}://{self.host}:{self.port},"
+                         f"CONTROLLER://{self.host}:{self.controller_port}",
+            "advertised.listeners": f"{listener}://{self.host}:{self.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
+            **security,
             "log.dirs": self.data_dir,
             "num.partitions": 1,
             "offsets.topic.replication.factor": 1,
@@ -100,17 +170,36 @@ class KafkaBroker(JvmService):
     def bootstrap_servers(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def security(self, user: str = _ADMIN, password: str | None = None,
+                 mechanism: str = "SCRAM-SHA-512") -> KafkaSecurity:
+        """The ``kafka.security`` section of a client logging in as ``user`` (PLAINTEXT without sasl_ssl)."""
+        if self.sasl_ssl is None:
+            return KafkaSecurity()
+        return KafkaSecurity(protocol="SASL_SSL", sasl_mechanism=mechanism,  # type: ignore[arg-type]
+                             username=user,
+                             password=password if password is not None else self.sasl_ssl.all_users[user],
+                             ca_file=self.sasl_ssl.ca)
+
+    def client_settings(self) -> dict[str, Any]:
+        """librdkafka settings of the broker's administrator."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.security().librdkafka()}
+
     # The embedded broker's interface, so that a test can run against either.
     create_topic = EmbeddedBroker.create_topic
-    admin = EmbeddedBroker.admin
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient(self.client_settings())
 
     def _format_storage(self) -> None:
         """Give the log directory its cluster id and metadata (first start only, as ``kafka-storage.sh``)."""
         if (self.data_dir / "meta.properties").is_file():
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        users = self.sasl_ssl.scram_credentials() if self.sasl_ssl else []
         run_tool([*self._java, "kafka.tools.StorageTool", "format", "-t", cluster_id,
-                  "-c", str(self.properties)], f"formatting Kafka storage {self.data_dir}")
+                  "-c", str(self.properties), *users], f"formatting Kafka storage {self.data_dir}")
 
     def start(self) -> float:
         """Start the broker and wait until it answers metadata requests; returns the seconds it took."""
@@ -129,9 +218,7 @@ class KafkaBroker(JvmService):
         return seconds
 
     def _wait_for_metadata(self, deadline: float) -> None:
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = self.admin()
         while True:
             try:
                 if admin.list_topics(timeout=2).brokers:

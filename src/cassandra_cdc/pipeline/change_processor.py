@@ -73,7 +73,7 @@ class ProcessorSettings:
     schema_topic: str
     errors_topic: str
     format: Format = "json"
-    schema_registry_url: str | None = None
+    schema_registry: tuple[tuple[str, Any], ...] = ()  # the registry client's settings; none: no registry
     tombstones: bool = False
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
@@ -93,7 +93,9 @@ class ChangeProcessor(StatefulProcessor):
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
         self._refreshed_for: set[bytes] = set()  # ids of tables the catalog was read again for, this batch
-        registry = SchemaRegistry(self.settings.schema_registry_url) if self.settings.schema_registry_url else None
+        registry = None
+        if self.settings.schema_registry:
+            registry = SchemaRegistry(dict(self.settings.schema_registry))
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}
         self._sink: TaskSink | None = None  # opened by the task's first event

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..settings import ConfigError, load_settings
+from ..settings import ConfigError, load_settings, readable_file
 from ..kafka import ServerTopics
+from ..kafka.security import KafkaConnection
 
 __all__ = ["ConfigError", "PipelineConfig", "load_config"]
 
@@ -17,8 +18,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class KafkaSettings(_Section):
-    bootstrap_servers: str = Field(..., description="Kafka bootstrap servers, host:port[,host:port].")
+class KafkaSettings(KafkaConnection, _Section):
     raw_topic: str | None = Field(None, description="Raw change topic the agents publish to. Default: <server>.raw")
     schema_topic: str | None = Field(None, description="Table schema topic. Default: <server>")
     errors_topic: str | None = Field(None, description="Undecodable records go here. Default: <server>.errors")
@@ -30,8 +30,11 @@ class KafkaSettings(_Section):
                             "source over confluent-kafka, or 'auto': the built-in one when its jar is there.")
     max_offsets_per_trigger: int = Field(200_000, ge=1, description="Raw records per micro-batch at most.")
     starting_offsets: Literal["earliest", "latest"] = Field("earliest", description="Where a new query starts.")
-    consumer: dict[str, Any] = Field(default_factory=dict, description="Extra consumer settings (security).")
-    producer: dict[str, Any] = Field(default_factory=dict, description="Extra producer settings (security).")
+    consumer: dict[str, Any] = Field(default_factory=dict, description=(
+        "Extra consumer settings, over what kafka.security sets: librdkafka's, and with source 'kafka' the "
+        "Java client's."))
+    producer: dict[str, Any] = Field(default_factory=dict, description="Extra librdkafka producer settings, "
+                                     "over what kafka.security sets.")
 
 
 class SparkSettings(_Section):
@@ -43,13 +46,62 @@ class SparkSettings(_Section):
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 
 
+class SchemaRegistrySettings(_Section):
+    url: str = Field(..., description="The registry's URL (a Confluent-compatible API).")
+    username: str | None = Field(None, description="HTTP basic authentication user (with password).")
+    password: str | None = Field(None, description="HTTP basic authentication password (see password_file).")
+    ca_file: Path | None = Field(None, description="PEM file of the CA certificates that signed an https "
+                                                   "registry's; default: the system's.")
+    cert_file: Path | None = Field(None, description="PEM client certificate, for a registry that "
+                                                     "authenticates clients by TLS (with key_file).")
+    key_file: Path | None = Field(None, description="PEM private key of cert_file.")
+    key_password: str | None = Field(None, description="Password of an encrypted key_file.")
+
+    _readable = field_validator("ca_file", "cert_file", "key_file")(readable_file)
+
+    @model_validator(mode="after")
+    def _complete(self) -> "SchemaRegistrySettings":
+        if (self.username is None) != (self.password is None):
+            raise ValueError("give username and password together")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("give cert_file and key_file together")
+        return self
+
+    def client_settings(self) -> dict[str, str]:
+        """confluent-kafka's ``SchemaRegistryClient`` settings."""
+        settings = {"url": self.url}
+        if self.username is not None:
+            settings["basic.auth.user.info"] = f"{self.username}:{self.password}"
+        for key, value in (("ssl.ca.location", self.ca_file), ("ssl.certificate.location", self.cert_file),
+                           ("ssl.key.location", self.key_file), ("ssl.key.password", self.key_password)):
+            if value is not None:
+                settings[key] = str(value)
+        return settings
+
+
 class OutputSettings(_Section):
     format: Literal["json", "avro"] = Field("json", description="Kafka Connect JSON (schema + payload) or Avro.")
-    schema_registry_url: str | None = Field(None, description="Avro: register schemas here and use the Confluent "
-                                                              "wire format; without it, self-describing Avro.")
+    schema_registry_url: str | None = Field(None, description="Avro: register schemas here and use the "
+                                                              "Confluent wire format; without a registry, "
+                                                              "self-describing Avro. Short for "
+                                                              "schema_registry.url.")
+    schema_registry: SchemaRegistrySettings | None = Field(
+        None, description="Avro: the schema registry, with its login and TLS.")
     tombstones: bool = Field(False, description="Follow each delete event with a tombstone (null value).")
     exactly_once: bool = Field(True, description="Transactional output per micro-batch (consumers use "
                                                  "isolation.level=read_committed); false: at-least-once.")
+
+    @model_validator(mode="after")
+    def _one_registry(self) -> "OutputSettings":
+        if self.schema_registry_url is not None and self.schema_registry is not None:
+            raise ValueError("give schema_registry_url or schema_registry.url, not both")
+        return self
+
+    def registry_client_settings(self) -> dict[str, str]:
+        """The schema registry client's settings; empty without a registry."""
+        if self.schema_registry is not None:
+            return self.schema_registry.client_settings()
+        return {"url": self.schema_registry_url} if self.schema_registry_url else {}
 
 
 class PipelineConfig(ServerTopics, _Section):

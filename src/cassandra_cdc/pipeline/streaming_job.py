@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from ..kafka.admin import admin_settings
+from ..kafka.security import LoginCheck
 from .checkpoint_files import CheckpointFiles, checkpoint_files
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
@@ -41,9 +42,11 @@ def read_raw(spark: SparkSession, config: PipelineConfig) -> tuple[DataFrame, So
     offset ranges through ours (the processor then reads the records itself, with the options returned)."""
     kafka = config.kafka
     builtin = kafka.source == "kafka" or (kafka.source == "auto" and kafka_format_available(spark))
-    options = {"kafka.bootstrap.servers": kafka.bootstrap_servers, "subscribe": config.raw_topic,
-               "startingOffsets": kafka.starting_offsets, "maxOffsetsPerTrigger": str(kafka.max_offsets_per_trigger),
-               **{f"kafka.{name}": str(value) for name, value in kafka.consumer.items()}}
+    # Spark's source is the Java client, ours librdkafka: each takes its own client's settings, prefixed.
+    client = kafka.java_client(kafka.consumer) if builtin else kafka.librdkafka(kafka.consumer)
+    options = {"subscribe": config.raw_topic, "startingOffsets": kafka.starting_offsets,
+               "maxOffsetsPerTrigger": str(kafka.max_offsets_per_trigger),
+               **{f"kafka.{name}": str(value) for name, value in client.items()}}
     if builtin:
         reader, columns, ranges = spark.readStream.format("kafka"), ["key", "value", "partition", "offset"], None
     else:
@@ -65,8 +68,9 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
     settings = ProcessorSettings(
         server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
         schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
-        schema_registry_url=config.output.schema_registry_url, tombstones=config.output.tombstones,
-        consumer=tuple(sorted(kafka.consumer.items())), sink=sink, ranges=ranges)
+        schema_registry=tuple(sorted(config.output.registry_client_settings().items())),
+        tombstones=config.output.tombstones,
+        consumer=tuple(sorted(kafka.librdkafka(kafka.consumer).items())), sink=sink, ranges=ranges)
     keys = balanced_group_keys(spark, MAX_RAW_PARTITIONS, config.spark.shuffle_partitions)
     # One SQL literal, not an expression per key: each of those would be a call into the JVM.
     group = F.element_at(F.expr(f"array({', '.join(f'{key}L' for key in keys)})"), (F.col("partition") + 1).cast("int"))
@@ -77,7 +81,8 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
 def sink_settings(config: PipelineConfig) -> SinkSettings:
     kafka = config.kafka
     return SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
-                        tuple(sorted(kafka.producer.items())), kafka.events_topic_partitions)
+                        tuple(sorted(kafka.librdkafka(kafka.producer).items())),
+                        kafka.events_topic_partitions)
 
 
 def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> list[int]:
@@ -148,8 +153,13 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
 
 def raw_topic_partitions(config: PipelineConfig) -> int | None:
     """How many partitions the raw topic has; None when it does not exist (yet)."""
-    settings = admin_settings({"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.consumer})
-    metadata = AdminClient(settings).list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
+    login = LoginCheck()
+    admin = AdminClient({**admin_settings(config.kafka.librdkafka(config.kafka.consumer)),
+                         **login.settings()})
+    try:
+        metadata = admin.list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
+    except KafkaException as error:
+        raise ConfigError(login.explain(admin, config.kafka.bootstrap_servers, error)) from None
     if metadata.error is not None:
         if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
