@@ -31,8 +31,9 @@ def bootstrap(
     bootstrap_servers: Annotated[Optional[str], typer.Option(help="Kafka bootstrap servers.")] = None,
     server: Annotated[Optional[str], typer.Option(
         help="Logical cluster name the agents use (topic prefix).")] = None,
-    checkpoint: Annotated[Optional[Path], typer.Option(
-        help="The pipeline's checkpoint directory (progress is kept in bootstrap/ in it).")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(
+        help="The pipeline's checkpoint: a path or a Hadoop URI (file://, hdfs://, s3a://...); progress is "
+             "kept in bootstrap/ in it.")] = None,
     progress_file: Annotated[Optional[Path], typer.Option(
         help="Where to record completed tasks instead.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Forget earlier progress: read every SSTable "
