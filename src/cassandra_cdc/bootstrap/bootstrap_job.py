@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient
 
 from ..kafka import RAW_TOPIC_PARTITIONS
-from ..kafka.admin import TopicCreationFailed, admin_settings, create_missing_topics
+from ..kafka.admin import TopicCreationFailed, admin_client, create_missing_topics
 from ..kafka.schema_catalog import SchemaCatalog
 from ..pipeline.checkpoint_files import checkpoint_files
 from ..pipeline.pipeline_config import PipelineConfig
@@ -225,8 +224,7 @@ def resolve_table(config: PipelineConfig, table_name: str,
 
 def ensure_topics(config: PipelineConfig) -> None:
     """Create the raw and schema topics if they do not exist yet (as the agents would)."""
-    admin = AdminClient(admin_settings({"bootstrap.servers": config.kafka.bootstrap_servers,
-                                        **config.kafka.producer}))
+    admin = admin_client({"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.producer})
     try:
         create_missing_topics(admin, {config.raw_topic: (RAW_TOPIC_PARTITIONS, False),
                                       config.schema_topic: (1, True)}, KAFKA_TIMEOUT_SECONDS)

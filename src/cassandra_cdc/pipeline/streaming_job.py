@@ -13,12 +13,11 @@ import threading
 import time
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from ..kafka.admin import admin_settings
+from ..kafka.admin import admin_client
 from .checkpoint_files import CheckpointFiles, checkpoint_files
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
@@ -148,8 +147,8 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
 
 def raw_topic_partitions(config: PipelineConfig) -> int | None:
     """How many partitions the raw topic has; None when it does not exist (yet)."""
-    settings = admin_settings({"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.consumer})
-    metadata = AdminClient(settings).list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
+    admin = admin_client({"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.consumer})
+    metadata = admin.list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
     if metadata.error is not None:
         if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
