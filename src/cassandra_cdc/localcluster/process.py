@@ -7,6 +7,7 @@ run that is itself killed leaves no JVM behind (start it from a thread that outl
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import signal
 import socket
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Self, Sequence
 
 _PR_SET_PDEATHSIG = 1
 # Looked up before any fork: the child, between fork and exec, only calls it.
@@ -132,6 +133,33 @@ class JvmService:
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+
+class JvmCluster(abc.ABC):
+    """The context manager of a cluster of JVM programs: a start that fails kills what it had started,
+    the end of the block stops it all."""
+
+    @abc.abstractmethod
+    def start(self) -> Self:
+        """Start every program and wait until they work together; returns the cluster."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """SIGKILL of every program."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """A clean stop of every program."""
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 def run_tool(command: Sequence[str], what: str, timeout: float = 120.0) -> str:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 
 from pyspark.find_spark_home import _find_spark_home
 
-from .process import JvmError, JvmProcess, JvmService
+from .process import JvmCluster, JvmError, JvmProcess, JvmService
 from ..simulator.broker import free_port
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class SparkWorker(JvmService):
         self._process.kill()
 
 
-class SparkStandaloneCluster:
+class SparkStandaloneCluster(JvmCluster):
     """A master and ``workers`` workers under ``work_dir``; a context manager that starts and stops them.
 
     Each worker offers ``worker_cores`` cores and ``worker_memory`` for executors; ``daemon_memory`` is
@@ -192,16 +192,6 @@ class SparkStandaloneCluster:
         for worker in self.workers:
             worker.kill()
         self._master.kill()
-
-    def __enter__(self) -> "SparkStandaloneCluster":
-        try:
-            return self.start()
-        except BaseException:
-            self.kill()
-            raise
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
 
 
 __all__ = ["SparkStandaloneCluster", "SparkWorker"]
