@@ -363,7 +363,7 @@ def test_an_interrupted_bootstrap_resumes_without_reading_completed_sstables_aga
         run_bootstrap(spark, config, TABLE, directories, schema_file(tmp_path), progress=False,
                       target_task_bytes=60_000, task_hook=fail_one)
     assert "run it again to resume" in str(failure.value)
-    store = ProgressFile(tmp_path / "checkpoint" / "bootstrap" / f"{TABLE}.json", table)
+    store = ProgressFile.at(tmp_path / "checkpoint" / "bootstrap" / f"{TABLE}.json", table)
     done = store.load()
     assert failing.task_id not in done and set(done) < {t.task_id for t in tasks}
     table_schema = parse_schema(SCHEMA_CQL)
@@ -391,8 +391,32 @@ def test_an_interrupted_bootstrap_resumes_without_reading_completed_sstables_aga
     again = run_bootstrap(spark, config, TABLE, directories, schema_file(tmp_path), progress=False,
                           target_task_bytes=60_000)
     assert (again.tasks_run, again.tasks_skipped, again.rows) == (0, 15, 0)
-    restarted = ProgressFile(Path(again.progress_file), table).load()
+    restarted = ProgressFile.at(Path(again.progress_file), table).load()
     assert set(restarted) == {t.task_id for t in tasks}
+
+
+def test_a_file_uri_checkpoint_keeps_the_progress_file_inside_it(broker: EmbeddedBroker, spark: Any,
+                                                                  tmp_path: Path, monkeypatch: Any) -> None:
+    """The checkpoint is a Hadoop path, as the pipeline takes it: ``file:///...`` names the directory, and
+    the progress file is kept in it (not in a ``file:`` directory under the working directory)."""
+    monkeypatch.chdir(tmp_path)
+    checkpoint = tmp_path / "checkpoint"
+    directories = [str(d) for d in replica_snapshots(tmp_path)]
+    config = load_config(None, {"server": "bs5", "checkpoint": f"file://{checkpoint}",
+                                "kafka.bootstrap_servers": broker.bootstrap_servers})
+    report = run_bootstrap(spark, config, TABLE, directories[:1], schema_file(tmp_path), progress=False)
+    kept = checkpoint / "bootstrap" / f"{TABLE}.json"
+    assert Path(report.progress_file) == kept
+    assert json.loads(kept.read_text())["finished"]
+    assert not (tmp_path / "file:").exists()
+    # the CLI's --checkpoint takes the URI as it is written too; the run resumes from the same file
+    result = CliRunner().invoke(app, ["bootstrap", "--bootstrap-servers", broker.bootstrap_servers,
+                                      "--server", "bs5", "--checkpoint", f"file://{checkpoint}", "--table",
+                                      TABLE, "--no-progress", "--sstables", *directories])
+    assert result.exit_code == 0, result.output
+    assert "2 of 3 tasks run, 1 done before" in result.output
+    assert len(json.loads(kept.read_text())["completed"]) == 3
+    assert not (tmp_path / "file:").exists()
 
 
 def test_schema_comes_from_the_schema_topic_and_must_match_the_file(broker: EmbeddedBroker, spark: Any,

@@ -22,7 +22,7 @@ from conftest import start_agents
 from cassandra_cdc.bootstrap import BootstrapReport, run_bootstrap
 from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import start
-from cassandra_cdc.schema import parse_schema
+from cassandra_cdc.schema import TableMetadata, parse_schema
 from cassandra_cdc.simulator import Cluster, DeletePartition, DeleteRow, EmbeddedBroker, Insert, TableModel, Update
 from cassandra_cdc.sstable import SSTable
 from test_bootstrap import FIXTURE, NODES, SCHEMA_CQL, TABLE, replica_snapshots
@@ -116,6 +116,21 @@ def replay(events: list[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
     return rows
 
 
+def snapshot_model(sstable: SSTable, table: TableMetadata) -> TableModel:
+    """The fixture's table as the SSTable holds it, checked against its README, built from the INSERTs
+    that wrote it."""
+    content = list(sstable.partitions(table))
+    assert_readme_content(sstable, content, "clust", "val")
+    model = TableModel(table)
+    for partition in content:
+        for row in partition.rows:
+            (cell,) = row.cells
+            assert row.liveness is not None and cell.timestamp == row.liveness.timestamp
+            model.apply(Insert(TABLE, timestamp=cell.timestamp, values={
+                "pk": partition.key.decode(), "ck": row.clustering[0].decode(), "val": cell.value.decode()}))
+    return model
+
+
 def test_bootstrap_while_agents_stream_gives_the_final_table_state_each_row_once(
         broker: EmbeddedBroker, spark: Any, tmp_path: Path) -> None:
     (tmp_path / "schema.cql").write_text(SCHEMA_CQL)
@@ -123,17 +138,8 @@ def test_bootstrap_while_agents_stream_gives_the_final_table_state_each_row_once
     table = schema.table("legacy_tables", "legacy_nb_clust")
     snapshots = replica_snapshots(tmp_path / "snapshots")
 
-    # The SSTable content, checked against the README, as the INSERTs that wrote it.
     sstable = SSTable(FIXTURE)
-    content = list(sstable.partitions(table))
-    assert_readme_content(sstable, content, "clust", "val")
-    expected = TableModel(table)
-    for partition in content:
-        for row in partition.rows:
-            (cell,) = row.cells
-            assert row.liveness is not None and cell.timestamp == row.liveness.timestamp
-            expected.apply(Insert(TABLE, timestamp=cell.timestamp, values={
-                "pk": partition.key.decode(), "ck": row.clustering[0].decode(), "val": cell.value.decode()}))
+    expected = snapshot_model(sstable, table)
     stats = sstable.metadata.stats
     old = stats.min_timestamp - 3600 * 1_000_000  # older than every SSTable cell
     clock = iter(range(time.time_ns() // 1000, 1 << 62, 1000))  # newer than every SSTable cell

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,28 @@ SPARK_SUBMIT = Path(sys.executable).parent / "spark-submit"
 PACKAGE = Path(submit.__file__).parents[1]
 
 
+def submit_environment() -> dict[str, str]:
+    """spark-submit's environment: the driver and the executors' Python workers run this virtualenv's
+    python (docs/pipeline.md), everything on loopback."""
+    return {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "SPARK_LOCAL_IP": "127.0.0.1"}
+
+
+def package_archive(directory: Path) -> str:
+    """The package zipped as docs/pipeline.md says, for ``--py-files``."""
+    return shutil.make_archive(str(directory / "cassandra_cdc"), "zip", PACKAGE.parent, PACKAGE.name)
+
+
+def stop_submitted(process: subprocess.Popen) -> None:
+    """Stop spark-submit (started in a session of its own) and the Python driver it started: SIGTERM to
+    both stops the query between batches; SIGKILL to whatever is left after a minute."""
+    for signal_number, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        with contextlib.suppress(ProcessLookupError):  # all of them gone already
+            os.killpg(process.pid, signal_number)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(wait)
+
+
 def test_spark_submit_runs_the_pipeline_from_its_entry_point_file(broker: Any, tmp_path: Path) -> None:
     server = "submitted"
     publisher = RawPublisher(broker.bootstrap_servers, server)
@@ -29,20 +53,19 @@ def test_spark_submit_runs_the_pipeline_from_its_entry_point_file(broker: Any, t
     for key in (1, 2, 3):
         publisher.write(schema, Insert("app.items", {"id": key, "name": f"n{key}", "qty": key},
                                        timestamp=now + key))
-    archive = shutil.make_archive(str(tmp_path / "cassandra_cdc"), "zip", PACKAGE.parent, PACKAGE.name)
+    archive = package_archive(tmp_path)
     checkpoint = tmp_path / "checkpoint"
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump({
         "server": server, "checkpoint": f"file://{checkpoint}",
         "kafka": {"bootstrap_servers": broker.bootstrap_servers},
         "spark": {"trigger_interval": "500 milliseconds"}}))
-    environment = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-                   "SPARK_LOCAL_IP": "127.0.0.1"}
     log = tmp_path / "spark-submit.log"
     process = subprocess.Popen(
         [str(SPARK_SUBMIT), "--master", "local[2]", "--py-files", archive, submit.__file__,
          "pipeline", "--config", str(config), "--duration", "60"],
-        env=environment, cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT)
+        env=submit_environment(), cwd=tmp_path, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        start_new_session=True)
     try:
         events = wait_for(lambda: (e := read_all(broker.bootstrap_servers, f"{server}.app.items"))
                           and len(e) == 3 and e, timeout=80)
@@ -50,6 +73,5 @@ def test_spark_submit_runs_the_pipeline_from_its_entry_point_file(broker: Any, t
         assert sorted(event["payload"]["after"]["id"] for event in events) == [1, 2, 3]
         assert (checkpoint / "cassandra-cdc-state.json").exists()
     finally:
-        process.terminate()  # SIGTERM: the pipeline stops between batches
-        process.wait(timeout=60)
+        stop_submitted(process)
     assert "pipeline running" in log.read_text()

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient
 
 from ..kafka import RAW_TOPIC_PARTITIONS
-from ..kafka.admin import TopicCreationFailed, admin_settings, create_missing_topics
+from ..kafka.admin import TopicCreationFailed, admin_client, create_missing_topics
 from ..kafka.schema_catalog import SchemaCatalog
+from ..pipeline.checkpoint_files import checkpoint_files
 from ..pipeline.pipeline_config import PipelineConfig
 from ..schema import SchemaError, TableMetadata, load_schema_files
 from ..kafka.schema_records import SchemaRecord
@@ -80,8 +80,9 @@ def run_bootstrap(spark: Any, config: PipelineConfig, table_name: str, sstable_p
     The table's definition comes from ``schema_file`` (CQL) or else from the schema topic; it names
     the columns (values are decoded with the types Statistics.db records). The schema is published
     first when the schema topic does not have it. Tasks completed by an earlier run of the same table
-    (``progress_file``, default ``<checkpoint>/bootstrap/<keyspace>.<table>.json``) are skipped unless
-    ``restart``. Shows a progress bar when ``progress``; logs a line every 10 s either way.
+    (``progress_file``, a local path, default ``<checkpoint>/bootstrap/<keyspace>.<table>.json``, read and
+    written as the pipeline reads its checkpoint: a Hadoop path) are skipped unless ``restart``. Shows a
+    progress bar when ``progress``; logs a line every 10 s either way.
     ``task_hook`` runs in the worker before each task (tests use it to make one fail).
 
     Raises BootstrapError if it cannot start or a task fails (the completed ones are recorded).
@@ -89,14 +90,21 @@ def run_bootstrap(spark: Any, config: PipelineConfig, table_name: str, sstable_p
     started = time.monotonic()
     table, on_topic = resolve_table(config, table_name, schema_file)
     tasks = plan(sstable_paths, table, target_task_bytes)
-    store = ProgressFile(progress_file or default_progress_file(config, table), table)
+    if progress_file is not None:
+        store = ProgressFile.at(progress_file, table)
+    else:
+        files = checkpoint_files(config.checkpoint, None)
+        if files is None:  # a checkpoint only Hadoop reaches: Spark is needed to read the progress
+            spark = spark() if callable(spark) else spark
+            files = checkpoint_files(config.checkpoint, spark)
+        store = ProgressFile(files, progress_file_name(table), table)
     if restart:
         store.remove()
     previous = store.load()
     remaining = [t for t in tasks if t.task_id not in previous]
     report = BootstrapReport(table=table.qualified_name, tasks=len(tasks),
                              tasks_skipped=len(tasks) - len(remaining), sstables=len({t.path for t in tasks}),
-                             progress_file=str(store.path))
+                             progress_file=store.location)
     log.info("bootstrap of %s: %d SSTables from %d nodes, %d tasks (%d completed before), %.1f MB of data",
              table.qualified_name, report.sstables, len({t.node_id for t in tasks}), len(tasks),
              report.tasks_skipped, sum(t.data_bytes for t in remaining) / 1e6)
@@ -134,7 +142,7 @@ def _run_tasks(spark: Any, config: PipelineConfig, table: TableMetadata, tasks: 
     except Exception as error:
         done = len(tracker.results)
         raise BootstrapError(f"bootstrap of {table.qualified_name} failed after {done} of {len(ordered)} "
-                             f"tasks (recorded in {store.path}; run it again to resume): "
+                             f"tasks (recorded in {store.location}; run it again to resume): "
                              f"{_cause(error)}") from error
     finally:
         sc.setJobDescription(None)
@@ -166,8 +174,9 @@ def _cause(error: BaseException) -> str:
 _PYTHON_EXCEPTION = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Failure)): ")
 
 
-def default_progress_file(config: PipelineConfig, table: TableMetadata) -> Path:
-    return Path(config.checkpoint) / "bootstrap" / f"{table.keyspace}.{table.name}.json"
+def progress_file_name(table: TableMetadata) -> str:
+    """Where a table's bootstrap records its progress, relative to the checkpoint."""
+    return f"bootstrap/{table.keyspace}.{table.name}.json"
 
 
 def resolve_table(config: PipelineConfig, table_name: str,
@@ -216,7 +225,7 @@ def resolve_table(config: PipelineConfig, table_name: str,
 
 def ensure_topics(config: PipelineConfig) -> None:
     """Create the raw and schema topics if they do not exist yet (as the agents would)."""
-    admin = AdminClient(admin_settings(config.kafka.librdkafka(config.kafka.producer)))
+    admin = admin_client(config.kafka.librdkafka(config.kafka.producer))
     try:
         create_missing_topics(admin, {config.raw_topic: (RAW_TOPIC_PARTITIONS, False),
                                       config.schema_topic: (1, True)}, KAFKA_TIMEOUT_SECONDS)
@@ -242,5 +251,5 @@ def publish_schema(config: PipelineConfig, table: TableMetadata) -> None:
              config.schema_topic)
 
 
-__all__ = ["BootstrapReport", "default_progress_file", "ensure_topics", "publish_schema", "resolve_table",
+__all__ = ["BootstrapReport", "ensure_topics", "progress_file_name", "publish_schema", "resolve_table",
            "run_bootstrap"]

@@ -1,13 +1,13 @@
 """Progress of a bootstrap: the file that lets an interrupted run resume, and what the driver shows.
 
-The progress file (default ``<checkpoint>/bootstrap/<keyspace>.<table>.json``) lists the tasks whose
-records Kafka acknowledged, with their counts::
+The progress file (default ``<checkpoint>/bootstrap/<keyspace>.<table>.json``, wherever the checkpoint is:
+a local directory or a Hadoop URI) lists the tasks whose records Kafka acknowledged, with their counts::
 
     {"format": 1, "table": "shop.orders", "table_id": "5a1c…", "finished": false, "updated_ms": 1700000000000,
      "completed": {"/snap/node1/…/nb-7-big-Data.db@0": {"rows": 52000, "records": 52, …}, …}}
 
-It is rewritten atomically (temporary file, fsync, rename) about once a second while tasks complete,
-and once more when the run ends, successfully or not. Completions reach the driver through a Spark
+It is rewritten (locally: atomically, by temporary file, fsync, rename) about once a second while tasks
+complete, and once more when the run ends, successfully or not. Completions reach the driver through a Spark
 accumulator, which Spark merges as each task succeeds (never for failed attempts). A task that
 completed in the last second before a crash is run again: its records are published twice, and the
 pipeline drops the copies.
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
+from ..pipeline.checkpoint_files import CheckpointFiles, LocalCheckpointFiles
 from ..schema import TableMetadata
 from .bootstrap_errors import BootstrapError
 
@@ -40,23 +39,34 @@ LOG_INTERVAL_SECONDS = 10.0
 
 
 class ProgressFile:
-    """The completed tasks of one table's bootstrap."""
+    """The completed tasks of one table's bootstrap, in the file ``name`` of ``files`` (the checkpoint's
+    files, read and written as the pipeline reads and writes its own: a Hadoop path once Spark runs)."""
 
-    def __init__(self, path: Path, table: TableMetadata) -> None:
-        self.path = Path(path)
+    def __init__(self, files: CheckpointFiles, name: str, table: TableMetadata) -> None:
+        self.files = files
+        self.name = name
         self.table = table
+
+    @classmethod
+    def at(cls, path: Path, table: TableMetadata) -> "ProgressFile":
+        """A progress file at a local ``path`` of its own."""
+        return cls(LocalCheckpointFiles(Path(path).parent), Path(path).name, table)
+
+    @property
+    def location(self) -> str:
+        return self.files.location(self.name)
 
     def load(self) -> dict[str, dict[str, Any]]:
         """Completed task ids and their counts; empty when there is no file yet."""
         try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
+            if not self.files.exists(self.name):
+                return {}
+            data = json.loads(self.files.read_text(self.name))
         except (OSError, ValueError) as error:
-            raise BootstrapError(f"cannot read the progress file {self.path}: {error} "
+            raise BootstrapError(f"cannot read the progress file {self.location}: {error} "
                                  "(delete it, or use --restart, to read every SSTable again)") from None
         if data.get("format") != FORMAT or data.get("table_id") != str(self.table.id):
-            raise BootstrapError(f"{self.path} records a bootstrap of {data.get('table')} "
+            raise BootstrapError(f"{self.location} records a bootstrap of {data.get('table')} "
                                  f"(id {data.get('table_id')}), not of {self.table.qualified_name} "
                                  f"(id {self.table.id}): delete it, or use --restart")
         return dict(data.get("completed", {}))
@@ -64,34 +74,10 @@ class ProgressFile:
     def save(self, completed: dict[str, dict[str, Any]], finished: bool = False) -> None:
         data = {"format": FORMAT, "table": self.table.qualified_name, "table_id": str(self.table.id),
                 "finished": finished, "updated_ms": int(time.time() * 1000), "completed": completed}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        descriptor, temporary = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        try:
-            with os.fdopen(descriptor, "w") as file:
-                json.dump(data, file, separators=(",", ":"))
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        _fsync_directory(self.path.parent)
+        self.files.write_text(self.name, json.dumps(data, separators=(",", ":")))
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        descriptor = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    except OSError:
-        pass
-    finally:
-        os.close(descriptor)
+        self.files.delete(self.name)
 
 
 class CompletedTasks(AccumulatorParam):
@@ -152,7 +138,7 @@ class Tracker:
             try:
                 self.poll()
             except Exception:  # a full disk must not kill the run silently: say it, keep trying
-                log.exception("could not save the bootstrap progress to %s", self.store.path)
+                log.exception("could not save the bootstrap progress to %s", self.store.location)
             if time.monotonic() - last_log >= LOG_INTERVAL_SECONDS:
                 last_log = time.monotonic()
                 log.info("%s: %s", self.title, self.summary())

@@ -25,13 +25,15 @@ def bootstrap(
     schema: Annotated[Optional[list[Path]], typer.Option(
         "--schema", "-s", help="CQL file defining the table (with user types it uses). Needed only when the "
                                "schema topic does not have the table yet.")] = None,
-    master: Annotated[Optional[str], typer.Option(help="Spark master, e.g. local[4] (default: the config's, "
-                                                       "else local[2]).")] = None,
+    master: Annotated[Optional[str], typer.Option(
+        help="Spark master, e.g. local[4] (default: the config's, else local[2]; under spark-submit, "
+             "spark-submit's).")] = None,
     bootstrap_servers: Annotated[Optional[str], typer.Option(help="Kafka bootstrap servers.")] = None,
     server: Annotated[Optional[str], typer.Option(
         help="Logical cluster name the agents use (topic prefix).")] = None,
-    checkpoint: Annotated[Optional[Path], typer.Option(
-        help="The pipeline's checkpoint directory (progress is kept in bootstrap/ in it).")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option(
+        help="The pipeline's checkpoint: a path or a Hadoop URI (file://, hdfs://, s3a://...); progress is "
+             "kept in bootstrap/ in it.")] = None,
     progress_file: Annotated[Optional[Path], typer.Option(
         help="Where to record completed tasks instead.")] = None,
     restart: Annotated[bool, typer.Option("--restart", help="Forget earlier progress: read every SSTable "
@@ -57,7 +59,7 @@ def bootstrap(
     """
     from ..bootstrap import BootstrapError, run_bootstrap
     from ..pipeline.pipeline_config import load_config
-    from ..pipeline.spark_session import spark_session
+    from ..pipeline.spark_session import session_master, spark_session
 
     configure_logging(log_level.value)
     paths = [*sstables, *(more_sstables or [])]
@@ -76,7 +78,7 @@ def bootstrap(
         from pyspark import SparkContext
 
         running = SparkContext._active_spark_context is not None  # embedded: not ours to stop
-        session = spark_session(settings.spark.master or "local[2]", "cassandra-cdc-bootstrap",
+        session = spark_session(session_master(settings.spark.master), "cassandra-cdc-bootstrap",
                                 settings.spark.shuffle_partitions, settings.spark.conf)
         if not running:
             sessions.append(session)

@@ -32,6 +32,11 @@ def admin_settings(client_settings: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in client_settings.items() if key.startswith(_CONNECTION_PREFIXES)}
 
 
+def admin_client(client_settings: Mapping[str, Any]) -> AdminClient:
+    """An admin client that reaches the brokers as a client with ``client_settings`` does."""
+    return AdminClient(admin_settings(client_settings))
+
+
 def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bool]], timeout: float, *,
                           replication_factor: int = -1) -> None:
     """Create those of ``topics`` (name -> (partitions, compacted)) that do not exist.
@@ -58,4 +63,4 @@ def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bo
         log.info("created topic %s (%d partition(s)%s)", name, partitions, ", compacted" if compacted else "")
 
 
-__all__ = ["TopicCreationFailed", "admin_settings", "create_missing_topics"]
+__all__ = ["TopicCreationFailed", "admin_client", "admin_settings", "create_missing_topics"]

@@ -1,14 +1,16 @@
-"""Real Apache Cassandra nodes and a real Apache Kafka broker on loopback, for tests and demos.
+"""Real Apache Cassandra nodes, a real Apache Kafka broker and a Spark standalone cluster on loopback,
+for tests and demos.
 
 They run from the JVM artifacts ``make install`` fetches (see :mod:`.artifacts`); nothing is downloaded
 at run time. :class:`CassandraCluster` starts N CDC-enabled Cassandra 5.0 nodes, :class:`KafkaBroker`
-one KRaft-mode Kafka broker.
+one KRaft-mode Kafka broker, :class:`SparkStandaloneCluster` a Spark master and workers (from pyspark).
 """
 
 from .artifacts import MissingArtifacts, missing_reason
 from .cassandra import CassandraCluster, CassandraNode
 from .kafka import KafkaBroker
 from .process import JvmError
+from .spark import SparkStandaloneCluster, SparkWorker
 
 __all__ = ["CassandraCluster", "CassandraNode", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "missing_reason"]
+           "SparkStandaloneCluster", "SparkWorker", "missing_reason"]

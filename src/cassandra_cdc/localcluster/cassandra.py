@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterator, Mapping
 import yaml
 
 from . import artifacts
-from .process import JvmError, JvmProcess, JvmService, run_tool
+from .process import JvmCluster, JvmError, JvmProcess, JvmService, run_tool
 from ..simulator.broker import free_port
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ class CassandraNode(JvmService):
         return run_tool(command, f"nodetool {' '.join(arguments)} on {self.address}", timeout)
 
 
-class CassandraCluster:
+class CassandraCluster(JvmCluster):
     """``nodes`` real Cassandra nodes under ``work_dir``; a context manager that starts and stops them.
 
     ``heap`` is each node's -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the
@@ -325,13 +325,3 @@ class CassandraCluster:
             yield cluster
         finally:
             cluster.shutdown()
-
-    def __enter__(self) -> "CassandraCluster":
-        try:
-            return self.start()
-        except BaseException:
-            self.kill()
-            raise
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()

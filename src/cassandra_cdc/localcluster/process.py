@@ -7,6 +7,7 @@ run that is itself killed leaves no JVM behind (start it from a thread that outl
 
 from __future__ import annotations
 
+import abc
 import ctypes
 import signal
 import socket
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Self, Sequence
 
 _PR_SET_PDEATHSIG = 1
 # Looked up before any fork: the child, between fork and exec, only calls it.
@@ -46,14 +47,17 @@ def tail(path: Path, lines: int = 20) -> str:
 class JvmProcess:
     """``java <command>`` in the background, its output in ``log_directory``.
 
-    ``name`` names it in errors; ``main_log`` is the program's own log file, quoted when it fails.
+    ``name`` names it in errors; ``main_log`` is the program's own log file, quoted when it fails;
+    ``environment`` replaces this process's environment for it (None: inherited).
     """
 
-    def __init__(self, name: str, command: Sequence[str], log_directory: Path, main_log: Path) -> None:
+    def __init__(self, name: str, command: Sequence[str], log_directory: Path, main_log: Path,
+                 environment: Mapping[str, str] | None = None) -> None:
         self.name = name
         self.command = list(command)
         self.log_directory = log_directory
         self.main_log = main_log
+        self.environment = None if environment is None else dict(environment)
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -75,6 +79,7 @@ class JvmProcess:
         with open(self.stdout_log, "ab") as output:
             self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=output,
                                              stderr=subprocess.STDOUT, start_new_session=True,
+                                             env=self.environment,
                                              preexec_fn=_die_with_parent if _prctl else None)
 
     def wait_for_port(self, host: str, port: int, timeout: float) -> None:
@@ -128,6 +133,33 @@ class JvmService:
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+
+class JvmCluster(abc.ABC):
+    """The context manager of a cluster of JVM programs: a start that fails kills what it had started,
+    the end of the block stops it all."""
+
+    @abc.abstractmethod
+    def start(self) -> Self:
+        """Start every program and wait until they work together; returns the cluster."""
+
+    @abc.abstractmethod
+    def kill(self) -> None:
+        """SIGKILL of every program."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """A clean stop of every program."""
+
+    def __enter__(self) -> Self:
+        try:
+            return self.start()
+        except BaseException:
+            self.kill()
+            raise
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 def run_tool(command: Sequence[str], what: str, timeout: float = 120.0) -> str:

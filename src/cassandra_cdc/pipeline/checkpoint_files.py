@@ -1,13 +1,15 @@
-"""The files the pipeline keeps in its checkpoint, wherever the checkpoint is.
+"""The files the pipeline and the bootstrap keep in the checkpoint, wherever the checkpoint is.
 
 The checkpoint is a Hadoop path (a local directory, ``file://``, ``hdfs://``, ``s3a://``...) that Spark
-reads and writes through Hadoop's ``FileSystem``; the pipeline's own checks read the same files the same
-way, through the session's JVM. Before Spark starts there is no JVM: only a local checkpoint (a plain
-path or ``file://``) can be read then.
+reads and writes through Hadoop's ``FileSystem``; the pipeline's own checks (and the bootstrap's progress
+file) read and write their files the same way, through the session's JVM. Before Spark starts there is no
+JVM: only a local checkpoint (a plain path or ``file://``) can be read then.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -28,7 +30,11 @@ class CheckpointFiles(Protocol):
     def read_text(self, name: str) -> str:
         """Raises OSError or ValueError (not UTF-8) for a file that cannot be read."""
 
-    def write_text(self, name: str, text: str) -> None: ...
+    def write_text(self, name: str, text: str) -> None:
+        """Replaces the file (locally at once: a reader sees the old text or the new one)."""
+
+    def delete(self, name: str) -> None:
+        """Nothing happens when there is no such file."""
 
 
 def local_directory(checkpoint: str) -> Path | None:
@@ -64,10 +70,37 @@ class LocalCheckpointFiles:
     def write_text(self, name: str, text: str) -> None:
         path = self.directory / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+                file.write(text)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        _fsync_directory(path.parent)
         # Hadoop's local file system keeps a checksum beside each file it writes, and refuses to read a
         # file whose checksum no longer matches: one written here has none.
         (path.parent / f".{path.name}.crc").unlink(missing_ok=True)
+
+    def delete(self, name: str) -> None:
+        (self.directory / name).unlink(missing_ok=True)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable, where the file system allows it."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
 
 
 class HadoopCheckpointFiles:
@@ -111,6 +144,9 @@ class HadoopCheckpointFiles:
             stream.write(bytearray(text.encode("utf-8")))
         finally:
             stream.close()
+
+    def delete(self, name: str) -> None:
+        self.fs.delete(self.path(name), False)
 
 
 def checkpoint_files(checkpoint: str, spark: SparkSession | None) -> CheckpointFiles | None:

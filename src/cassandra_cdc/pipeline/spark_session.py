@@ -43,6 +43,12 @@ def submitted_master() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def session_master(configured: str | None) -> str | None:
+    """The master a job asks for: none under spark-submit (spark-submit's own), else the configured one,
+    ``local[2]`` by default."""
+    return None if submitted_master() else configured or "local[2]"
+
+
 def spark_session(master: str | None = "local[2]", app_name: str = "cassandra-cdc",
                   shuffle_partitions: int = 2,
                   extra_conf: dict[str, Any] | None = None) -> SparkSession:
@@ -101,4 +107,4 @@ def kafka_format_available(spark: SparkSession) -> bool:
         return False
 
 
-__all__ = ["kafka_format_available", "spark_session", "submitted_master"]
+__all__ = ["kafka_format_available", "session_master", "spark_session", "submitted_master"]

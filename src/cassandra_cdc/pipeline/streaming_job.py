@@ -25,7 +25,7 @@ from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
 from .event_sink import SinkSettings, partitions_committed
 from .kafka_source import KafkaDataSource, SourceOptions
-from .spark_session import kafka_format_available, spark_session, submitted_master
+from .spark_session import kafka_format_available, session_master, spark_session
 
 log = logging.getLogger(__name__)
 
@@ -243,8 +243,7 @@ def start(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
 
 def run(config: PipelineConfig, duration: float | None = None) -> int:
     """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds."""
-    master = None if submitted_master() else config.spark.master or "local[2]"
-    spark = spark_session(master, QUERY_NAME, config.spark.shuffle_partitions,
+    spark = spark_session(session_master(config.spark.master), QUERY_NAME, config.spark.shuffle_partitions,
                           config.spark.conf)
     query = start(spark, config)
     if threading.current_thread() is threading.main_thread():
