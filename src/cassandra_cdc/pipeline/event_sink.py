@@ -154,6 +154,7 @@ class TaskSink(ABC):
         self.settings = settings
         self.task = task
         self.records = 0
+        self.skipped = False  # committed by an earlier attempt: nothing is written
         self._on_delivery: Callable[[KafkaError | None, Message], None] | None = None  # delivery reports wanted
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None) -> None:
@@ -191,7 +192,6 @@ class TransactionalTaskSink(TaskSink):
     def __init__(self, settings: SinkSettings, task: MicroBatchTask) -> None:
         super().__init__(settings, task)
         self.key = f"{settings.query_name}-{task.partition}"
-        self.skipped = False  # committed by an earlier attempt: nothing to write
         self._transaction: TransactionalProducer | None = None
 
     def _producer(self) -> Producer | None:
