@@ -342,3 +342,4 @@ def test_deliveries_know_every_record_acknowledged_from_a_few_reports(broker: Em
     ours = {m.key(): m.partition() for m in reader.messages if m.value() != b"x"}
     assert ours == picked
     reader.close()
+    default.close()

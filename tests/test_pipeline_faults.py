@@ -127,6 +127,7 @@ def test_a_schema_change_mid_stream_never_breaks_it(broker: Any, spark: Any, tmp
         assert read_all(broker.bootstrap_servers, f"{server}.errors") == []
     finally:
         query.stop()
+        publisher.producer.close()
 
 
 def test_a_damaged_record_goes_to_the_errors_topic_and_the_stream_goes_on(broker: Any, spark: Any,
@@ -153,6 +154,7 @@ def test_a_damaged_record_goes_to_the_errors_topic_and_the_stream_goes_on(broker
         assert query.exception() is None
     finally:
         query.stop()
+        publisher.producer.close()
 
 
 def pipeline_command(broker: Any, server: str, tmp_path: Path, kafka: dict[str, Any],

@@ -57,8 +57,8 @@ from ..kafka.raw_records import RawRecord, RawRecordError, decode_update, stored
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..merge.reconcile import PartitionState, RowChange, apply, expire, next_expiry
-from .event_sink import SinkSettings, MicroBatchTask, TaskSink, task_sink
-from .kafka_source import OffsetRange, SourceOptions, read_range
+from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
+from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
 from .pipeline_metrics import PipelineTally
 
 log = logging.getLogger(__name__)
@@ -312,6 +312,14 @@ class ChangeProcessor(StatefulProcessor):
             self.state.clear()
         else:
             self.state.update((stored,))
+
+
+def close_worker_clients() -> None:
+    """Close the Kafka clients this process keeps across micro-batches (the processor's, the sink's, the
+    read tasks'): before its brokers go away, so that none is left retrying their connections."""
+    SchemaCatalog.close_shared()
+    close_sink_clients()
+    close_task_consumers()
 
 
 class _Undecodable(Exception):
