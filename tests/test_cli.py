@@ -40,9 +40,10 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
-def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path: Path, log_format: str) -> None:
-    """Kafka client secrets go to Spark as source options: at DEBUG every option crosses py4j, logged. In JSON,
-    every line the command logs is one JSON object."""
+def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path: Path,
+                                                           log_format: str) -> None:
+    """Kafka client secrets go to Spark as source options: at DEBUG every option crosses py4j, logged. In
+    JSON, every line the command logs is one JSON object."""
     kafka = {"bootstrap_servers": broker.bootstrap_servers,
              "consumer": {"sasl.password": "consumer-pass-7Qz"},
              "producer": {"sasl.password": "producer-pass-9Wx"}}

@@ -1,4 +1,5 @@
-"""Metrics, health and readiness, scraped over HTTP as Prometheus and Kubernetes would from a running agent."""
+"""Metrics, health and readiness, scraped over HTTP as Prometheus and Kubernetes would from a running agent
+and a running pipeline; the Grafana dashboard queries only what they export."""
 
 from __future__ import annotations
 
@@ -86,14 +87,16 @@ def exported_names(port: int) -> set[str]:
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "docs" / "grafana-dashboard.json"
 SELECTOR = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{")
-OUR_PREFIXES = ("cassandra_cdc_agent_", "cassandra_cdc_pipeline_", "cassandra_cdc_build_info", "process_", "python_")
+AGENT, PIPELINE = "cassandra_cdc_agent_", "cassandra_cdc_pipeline_"
+OUR_PREFIXES = (AGENT, PIPELINE, "cassandra_cdc_build_info", "process_", "python_")
 
 
 def dashboard_metrics() -> set[str]:
     """The metric names the dashboard's queries (panels and variables) select."""
     dashboard = json.loads(DASHBOARD.read_text())
     queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
-    queries += [variable["query"] for variable in dashboard["templating"]["list"] if variable["type"] == "query"]
+    variables = dashboard["templating"]["list"]
+    queries += [variable["query"] for variable in variables if variable["type"] == "query"]
     return {name for query in queries for name in SELECTOR.findall(query)}
 
 
@@ -102,7 +105,8 @@ def test_the_dashboard_selects_only_metrics_the_scrape_tests_check() -> None:
     pipeline exports; each component has panels."""
     names = dashboard_metrics()
     assert names and all(name.startswith(OUR_PREFIXES) for name in names), sorted(names)
-    assert {prefix for prefix in OUR_PREFIXES if any(name.startswith(prefix) for name in names)} == set(OUR_PREFIXES)
+    used = {prefix for prefix in OUR_PREFIXES if any(name.startswith(prefix) for name in names)}
+    assert used == set(OUR_PREFIXES)
 
 
 def sample(samples: Samples, name: str, **labels: str) -> float | None:
@@ -147,9 +151,9 @@ def test_agent_metrics_scraped_after_publishing_a_real_segment(tmp_path: Path, b
     port = free_port()
     with running(agent_config(tmp_path, broker.bootstrap_servers, port)):  # type: ignore[attr-defined]
         wait_until(lambda: serving(port), "the metrics endpoint")
-        wait_until(lambda: sample(scrape(port), "cassandra_cdc_agent_records_published_total", table=STANDARD1)
+        wait_until(lambda: sample(scrape(port), f"{AGENT}records_published_total", table=STANDARD1)
                    == per_table[STANDARD1], "every record of the segment acknowledged")
-        wait_until(lambda: sample(scrape(port), "cassandra_cdc_agent_segments_pending") == 0, "the segment done")
+        wait_until(lambda: sample(scrape(port), f"{AGENT}segments_pending") == 0, "the segment done")
         samples = scrape(port)
         for table, mutations in per_table.items():
             assert sample(samples, "cassandra_cdc_agent_mutations_read_total", table=table) == mutations
@@ -167,7 +171,7 @@ def test_agent_metrics_scraped_after_publishing_a_real_segment(tmp_path: Path, b
         assert any(name == "python_info" for name, _ in samples)
         assert get(port, "/healthz") == (200, "ok\n")
         assert get(port, "/readyz") == (200, "ready\n")
-        on_dashboard = {name for name in dashboard_metrics() if not name.startswith("cassandra_cdc_pipeline_")}
+        on_dashboard = {name for name in dashboard_metrics() if not name.startswith(PIPELINE)}
         assert on_dashboard - exported_names(port) == set()
     with pytest.raises(urllib.error.URLError):  # the endpoint stops with the agent
         get(port, "/healthz")
@@ -183,8 +187,9 @@ def test_agent_lag_and_readiness_while_kafka_is_unreachable(tmp_path: Path) -> N
         unreachable = f"127.0.0.1:{closed.getsockname()[1]}"
         with running(agent_config(tmp_path, unreachable, port)):
             wait_until(lambda: serving(port), "the metrics endpoint")
-            status, reason = wait_until(lambda: (answer := get(port, "/readyz"))[1].count("unreachable") and answer,
-                                        "the agent to find Kafka unreachable")
+            status, reason = wait_until(
+                lambda: (answer := get(port, "/readyz"))[1].count("unreachable") and answer,
+                "the agent to find Kafka unreachable")
             assert status == 503 and unreachable in reason
             assert get(port, "/healthz") == (200, "ok\n")
             samples = scrape(port)
@@ -192,15 +197,16 @@ def test_agent_lag_and_readiness_while_kafka_is_unreachable(tmp_path: Path) -> N
             lag = sample(samples, "cassandra_cdc_agent_lag_seconds")
             assert lag is not None and 300 <= lag < time.time() - durable_at + 1
             time.sleep(1.1)
-            assert sample(scrape(port), "cassandra_cdc_agent_lag_seconds") >= lag + 1  # grows while nothing moves
+            # It grows while nothing moves.
+            assert sample(scrape(port), "cassandra_cdc_agent_lag_seconds") >= lag + 1
 
 
 PIPELINE_SCHEMA = """
 CREATE KEYSPACE shop WITH replication = {'class': 'SimpleStrategy', 'replication_factor': '3'};
 CREATE TABLE shop.orders (id int, line int, item text, qty int, PRIMARY KEY (id, line))
     WITH ID = 3f1b5a8e-0000-4000-8000-000000000011 AND cdc = true;
-CREATE TABLE shop.users (id int PRIMARY KEY, name text, email text) WITH ID = 3f1b5a8e-0000-4000-8000-000000000013
-    AND cdc = true;
+CREATE TABLE shop.users (id int PRIMARY KEY, name text, email text)
+    WITH ID = 3f1b5a8e-0000-4000-8000-000000000013 AND cdc = true;
 """
 
 
@@ -215,7 +221,8 @@ def events_by_table_and_op(kafka: Any, topics: list[str]) -> collections.Counter
     return counts
 
 
-def test_pipeline_metrics_scraped_from_the_driver_count_what_it_wrote(real_kafka: Any, tmp_path: Path) -> None:
+def test_pipeline_metrics_scraped_from_the_driver_count_what_it_wrote(real_kafka: Any,
+                                                                      tmp_path: Path) -> None:
     """The pipeline run as the command (local Spark, real Kafka) behind three simulated replicas' agents: the
     events counted by table and op are the events on the topics, the dead-lettered record is counted by its
     reason, each event's write → event lag is observed, batches are timed, nothing is behind at the end."""
@@ -236,7 +243,7 @@ def test_pipeline_metrics_scraped_from_the_driver_count_what_it_wrote(real_kafka
     try:
         cluster.run(workload.take(300), sync_every=50)
         cluster.close_all()
-        wait_until(lambda: all(agent.metrics.registry.get_sample_value("cassandra_cdc_agent_segments_pending") == 0
+        wait_until(lambda: all(agent.metrics.registry.get_sample_value(f"{AGENT}segments_pending") == 0
                                for agent, _ in agents), "the agents to publish every segment")
         with Producer({"bootstrap.servers": real_kafka.bootstrap_servers}) as producer:
             producer.produce(f"{server}.raw", b"not a raw record", b"key")
@@ -248,28 +255,29 @@ def test_pipeline_metrics_scraped_from_the_driver_count_what_it_wrote(real_kafka
 
         def caught_up() -> Samples | None:
             samples = scrape(port)
-            behind = [value for (name, _), value in samples.items() if name == "cassandra_cdc_pipeline_behind_records"]
-            counted = sum(value for (name, _), value in samples.items() if name == "cassandra_cdc_pipeline_events_total")
+            behind = [value for (name, _), value in samples.items() if name == f"{PIPELINE}behind_records"]
+            counted = sum(value for (name, _), value in samples.items() if name == f"{PIPELINE}events_total")
             written = sum(events_by_table_and_op(real_kafka, topics).values())
             return samples if behind and not any(behind) and counted and counted == written else None
         samples = wait_until(caught_up, "the pipeline to catch up", timeout=300, step=2)
         expected = events_by_table_and_op(real_kafka, topics)
-        counted = {(dict(labels)["table"], dict(labels)["op"]): value for (name, labels), value in samples.items()
-                   if name == "cassandra_cdc_pipeline_events_total"}
+        counted = {(dict(labels)["table"], dict(labels)["op"]): value
+                   for (name, labels), value in samples.items() if name == f"{PIPELINE}events_total"}
         assert counted == expected and {table for table, _ in expected} == {"shop.orders", "shop.users"}
         assert sample(samples, "cassandra_cdc_pipeline_errors_total", reason="invalid_raw_record") == 1
         assert len(read_topic(real_kafka, f"{server}.errors")) == 1
-        behind = {dict(labels)["partition"] for name, labels in samples if name == "cassandra_cdc_pipeline_behind_records"}
+        behind = {dict(labels)["partition"] for name, labels in samples
+                  if name == f"{PIPELINE}behind_records"}
         assert behind == {"0", "1", "2", "3"}  # the raw topic's partitions (start_agents makes 4)
         # Every event shows a write (no TTL, no snapshot here): each one's lag observed, none negative.
-        assert sample(samples, "cassandra_cdc_pipeline_write_to_event_seconds_count") == sum(expected.values())
+        assert sample(samples, f"{PIPELINE}write_to_event_seconds_count") == sum(expected.values())
         assert sample(samples, "cassandra_cdc_pipeline_write_to_event_seconds_sum") > 0
         assert sample(samples, "cassandra_cdc_pipeline_batch_duration_seconds_count") > 0
         assert sample(samples, "cassandra_cdc_pipeline_batch_duration_seconds_sum") > 0
         assert sample(samples, "cassandra_cdc_build_info", version=build_version()) == 1
         assert sample(samples, "process_resident_memory_bytes") > 0
         assert get(port, "/healthz") == (200, "ok\n")
-        on_dashboard = {name for name in dashboard_metrics() if not name.startswith("cassandra_cdc_agent_")}
+        on_dashboard = {name for name in dashboard_metrics() if not name.startswith(AGENT)}
         assert on_dashboard - exported_names(port) == set()
     finally:
         assert pipeline.stop() in (0, None), pipeline.log_tail(30)

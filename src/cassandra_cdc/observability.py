@@ -74,11 +74,13 @@ class MetricsServer:
 
 def _text(start_response: Callable[..., Any], status: str, text: str) -> list[bytes]:
     body = f"{text}\n".encode()
-    start_response(status, [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+    start_response(status, [("Content-Type", "text/plain; charset=utf-8"),
+                            ("Content-Length", str(len(body)))])
     return [body]
 
 
-def serve_metrics(host: str, port: int, registry: CollectorRegistry, readiness: Readiness) -> MetricsServer | None:
+def serve_metrics(host: str, port: int, registry: CollectorRegistry,
+                  readiness: Readiness) -> MetricsServer | None:
     """The component's endpoint on ``host:port``; None when ``port`` is 0 (no endpoint). ConfigError when it
     cannot listen there."""
     if not port:

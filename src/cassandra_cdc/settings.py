@@ -183,8 +183,9 @@ class JsonLogFormatter(logging.Formatter):
     """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the exception if any."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
-                 "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        written = datetime.fromtimestamp(record.created, timezone.utc)
+        entry = {"time": written.isoformat(timespec="milliseconds"), "level": record.levelname,
+                 "logger": record.name, "message": record.getMessage()}
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

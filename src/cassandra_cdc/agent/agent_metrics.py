@@ -44,8 +44,8 @@ class LatencyHistogram:
         return buckets
 
 
-# The key under which ``records_published`` counts the dead letters (damaged entries sent to the errors topic):
-# no table's name, and exported as a metric of its own.
+# The key under which ``records_published`` counts the dead letters (damaged entries sent to the errors
+# topic): no table's name, and exported as a metric of its own.
 DEAD_LETTERS = ""
 
 
@@ -57,27 +57,29 @@ class AgentMetrics:
                                       "Segments in cdc_raw not yet fully published", registry=r)
         self.behind_bytes = Gauge("cassandra_cdc_agent_behind_bytes",
                                   "Bytes between the idx offsets and the acknowledged positions", registry=r)
-        # When the oldest durable write Kafka has not acknowledged was found durable (time.time()); None: none.
+        # When the oldest durable write Kafka has not acknowledged was made durable (time.time()); None: none.
         self.unacknowledged_since: float | None = None
-        Gauge("cassandra_cdc_agent_lag_seconds", "How long the oldest durable write not yet acknowledged by Kafka "
-              "has been durable (its idx offset's write); 0 when everything durable is acknowledged",
+        Gauge("cassandra_cdc_agent_lag_seconds",
+              "How long the oldest durable write not yet acknowledged by Kafka has been durable (its idx "
+              "offset's write); 0 when everything durable is acknowledged",
               registry=r).set_function(self._lag)
         self.skipped = Counter("cassandra_cdc_agent_mutations_skipped", "Mutations of unknown tables skipped",
                                registry=r)
-        self.errors = Counter("cassandra_cdc_agent_errors", "Damaged or undecodable entries, by kind", ["kind"],
-                              registry=r)
+        self.errors = Counter("cassandra_cdc_agent_errors", "Damaged or undecodable entries, by kind",
+                              ["kind"], registry=r)
         self.segments_quarantined = Counter(
             "cassandra_cdc_agent_segments_quarantined",
             "Segments moved whole into the quarantine: not all bytes read", registry=r)
-        self.cdc_raw_bytes = Gauge("cassandra_cdc_agent_cdc_raw_bytes", "Bytes of segments in cdc_raw", registry=r)
-        self.cdc_raw_usage = Gauge("cassandra_cdc_agent_cdc_raw_usage_ratio", "cdc_raw bytes / cdc_total_space",
+        self.cdc_raw_bytes = Gauge("cassandra_cdc_agent_cdc_raw_bytes", "Bytes of segments in cdc_raw",
                                    registry=r)
+        self.cdc_raw_usage = Gauge("cassandra_cdc_agent_cdc_raw_usage_ratio",
+                                   "cdc_raw bytes / cdc_total_space", registry=r)
         self.kafka_reachable = Gauge("cassandra_cdc_agent_kafka_reachable", "1 when Kafka accepts records",
                                      registry=r)
         self.kafka_reachable.set(1)
         self.kafka_records_lost = Counter(
-            "cassandra_cdc_agent_kafka_records_lost", "Records Kafka had acknowledged that the raw topic no longer "
-            "holds (found at start)", registry=r)
+            "cassandra_cdc_agent_kafka_records_lost",
+            "Records Kafka had acknowledged that the raw topic no longer holds (found at start)", registry=r)
         # Bumped per record by the agent's thread, read at scrape time.
         self.mutations_read: defaultdict[str, int] = defaultdict(int)  # by table
         # acknowledged by Kafka, by table (DEAD_LETTERS: the dead letters)
@@ -100,7 +102,8 @@ class _PerRecordCollector(Collector):
         dead_letters = published.pop(DEAD_LETTERS, 0)
         for name, help_text, tally in (
                 ("cassandra_cdc_agent_mutations_read", "Mutations read, by table", dict(m.mutations_read)),
-                ("cassandra_cdc_agent_records_published", "Raw records acknowledged by Kafka, by table", published)):
+                ("cassandra_cdc_agent_records_published", "Raw records acknowledged by Kafka, by table",
+                 published)):
             family = CounterMetricFamily(name, help_text, labels=["table"])
             for table, count in sorted(tally.items()):
                 family.add_metric([table], count)
@@ -109,6 +112,7 @@ class _PerRecordCollector(Collector):
                                   "Damaged entries published to the errors topic and acknowledged by Kafka",
                                   value=dead_letters)
         latency = m.delivery_latency
-        family = HistogramMetricFamily("cassandra_cdc_agent_kafka_delivery_seconds", "Time from produce to acknowledgement")
+        family = HistogramMetricFamily("cassandra_cdc_agent_kafka_delivery_seconds",
+                                       "Time from produce to acknowledgement")
         family.add_metric([], buckets=latency.cumulative(), sum_value=latency.sum)
         yield family

@@ -78,11 +78,12 @@ class Agent:
         self._progress: dict[int, SegmentProgress] = {}
         self._node_id = config.node_id.encode("utf-8")
         self._raw_topic = config.raw_topic
-        # Records sent since the segment being read took its last checkpoint, per table (DEAD_LETTERS: dead letters).
+        # Records sent since the segment being read took its last checkpoint, per table (DEAD_LETTERS: dead
+        # letters).
         self._sent: defaultdict[str, int] = defaultdict(int)
         self._last_flush = self._last_space_check = 0.0
         self._kafka_reachable = True
-        self._tailing = False  # Kafka's topics are there and the agent reads cdc_raw: ready, while Kafka is reachable
+        self._tailing = False  # the topics exist and cdc_raw is read: ready, while Kafka is reachable
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -417,16 +418,16 @@ class Agent:
         self.metrics.segments_pending.set(sum(1 for p in self._progress.values() if not p.done))
 
     def _note_durable_writes(self) -> None:
-        """While Kafka cannot be reached at startup nothing is read, but what is durable in cdc_raw keeps aging:
-        note it, for the lag."""
+        """While Kafka cannot be reached at startup nothing is read, but what is durable in cdc_raw keeps
+        aging: note it, for the lag."""
         for segment in list_segments(self.config.cdc_raw):
             self._progress_of(segment).note_durable()
         self._set_lag()
 
     def _set_lag(self) -> None:
-        self.metrics.unacknowledged_since = min(
-            (since for progress in self._progress.values() if (since := progress.unacknowledged_since()) is not None),
-            default=None)
+        oldest = [progress.unacknowledged_since() for progress in self._progress.values()]
+        self.metrics.unacknowledged_since = min((since for since in oldest if since is not None),
+                                                default=None)
 
     def _kafka_reachability(self, reachable: bool) -> None:
         self._kafka_reachable = reachable

@@ -254,8 +254,8 @@ class ChangeProcessor(StatefulProcessor):
                 reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
         if reason is not None:
             raise _Undecodable("undecodable_update", reason)
-        raise _Undecodable("unknown_table", f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema "
-                                            f"topic {self.settings.schema_topic}")
+        raise _Undecodable("unknown_table", f"no schema for table id {uuid.UUID(bytes=table_id)} on the "
+                                            f"schema topic {self.settings.schema_topic}")
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
               now_ms: int, written_us: int | None = None) -> None:

@@ -491,5 +491,6 @@ def task_sink(settings: SinkSettings, task: MicroBatchTask) -> TaskSink:
 
 
 __all__ = ["AtLeastOnceTaskSink", "BatchCommitLog", "MicroBatchTask", "SinkError", "SinkSettings", "TaskSink",
-           "TransactionalProducer", "TransactionalTaskSink", "close_sink_clients", "ensure_topic", "partitions_committed",
+           "TransactionalProducer", "TransactionalTaskSink", "close_sink_clients", "ensure_topic",
+           "partitions_committed",
            "task_sink"]

@@ -83,7 +83,8 @@ class PipelineMetrics:
     progress (``update``, called by the driver's loop)."""
 
     def __init__(self, spark: SparkSession, config: PipelineConfig) -> None:
-        self.tally: Accumulator[PipelineTally] = spark.sparkContext.accumulator(PipelineTally(), _TallyParam())
+        self.tally: Accumulator[PipelineTally] = spark.sparkContext.accumulator(PipelineTally(),
+                                                                                 _TallyParam())
         self.registry = component_registry()
         r = self.registry
         self.batch_duration = Histogram("cassandra_cdc_pipeline_batch_duration_seconds",
@@ -162,8 +163,9 @@ class _TallyCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         tally = self._tally.value  # merged by the accumulator server's thread: copied before reading
-        events = CounterMetricFamily("cassandra_cdc_pipeline_events", "Change events written to Kafka, by table "
-                                     "and op (c, u, d, r)", labels=["table", "op"])
+        events = CounterMetricFamily("cassandra_cdc_pipeline_events",
+                                     "Change events written to Kafka, by table and op (c, u, d, r)",
+                                     labels=["table", "op"])
         for (table, op), count in sorted(dict(tally.events).items()):
             events.add_metric([table, op], count)
         yield events

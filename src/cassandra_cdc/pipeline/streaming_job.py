@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
 import time
@@ -251,11 +252,11 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
             # SIGTERM (systemd, Kubernetes) stops the query between batches, as Ctrl-C does, but noted
             # rather than raised: an exception in the middle of a call into the JVM breaks its connection.
             signal.signal(signal.SIGTERM, lambda *_: terminated.set())
-        log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic, config.server,
-                 config.checkpoint)
-        deadline = None if duration is None else time.monotonic() + duration
+        log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic,
+                 config.server, config.checkpoint)
+        deadline = math.inf if duration is None else time.monotonic() + duration
         try:
-            while query.isActive and not terminated.is_set() and (deadline is None or time.monotonic() < deadline):
+            while query.isActive and not terminated.is_set() and time.monotonic() < deadline:
                 metrics.update(query)
                 query.awaitTermination(1)
         except KeyboardInterrupt:
