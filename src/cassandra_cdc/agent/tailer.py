@@ -421,7 +421,10 @@ class Agent:
         """While Kafka cannot be reached at startup nothing is read, but what is durable in cdc_raw keeps
         aging: note it, for the lag."""
         for segment in list_segments(self.config.cdc_raw):
-            self._progress_of(segment).note_durable()
+            try:
+                self._progress_of(segment).note_durable()
+            except ConfigError:
+                continue  # its key is missing: reading it stops the agent, once Kafka is there to read for
         self._set_lag()
 
     def _set_lag(self) -> None:
