@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,17 @@ def _shared_files_present() -> None:
         pytest.exit(f"the real Cassandra files are missing: {COMMITLOGS} (set CASSANDRA_CDC_SHARED)", returncode=3)
 
 
+def close_kafka_clients_kept() -> None:
+    """Close the Kafka clients the pipeline's code keeps per process (when tests ran it in this one) before
+    their broker stops: left open, they retry its connections and log every refusal until the run ends."""
+    if any(module in sys.modules for module in ("cassandra_cdc.kafka.schema_catalog",
+                                                  "cassandra_cdc.pipeline.event_sink",
+                                                  "cassandra_cdc.pipeline.kafka_source")):
+        from cassandra_cdc.pipeline.change_processor import close_worker_clients
+
+        close_worker_clients()
+
+
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One embedded Kafka-protocol broker (noida-db on loopback) for the whole run; tests use their own topics."""
@@ -70,6 +82,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with EmbeddedBroker(tmp_path_factory.mktemp("broker")) as running:
         yield running
+        close_kafka_clients_kept()
 
 
 @pytest.fixture(scope="session")
@@ -124,6 +137,7 @@ def real_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with KafkaBroker(tmp_path_factory.mktemp("real-kafka")) as running:
         yield running
+        close_kafka_clients_kept()
 
 
 @pytest.fixture(scope="session")

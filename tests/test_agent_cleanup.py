@@ -78,7 +78,7 @@ def test_cdc_total_space_warning(harness: MakeHarness, caplog: pytest.LogCapture
         warning = wait_until(lambda: [r for r in caplog.records if "cdc_total_space" in r.getMessage()
                                       and r.levelno == logging.WARNING], "the space warning")
         assert "100% of cdc_total_space (1 MiB)" in warning[0].getMessage()
-        assert metric(agent, "cdc_agent_cdc_raw_usage_ratio") == 1.0
+        assert metric(agent, "cassandra_cdc_agent_cdc_raw_usage_ratio") == 1.0
         h.node.close()
         wait_until(lambda: any("back under 50%" in r.getMessage() for r in caplog.records), "the all-clear")
     assert len([r for r in caplog.records if r.levelno == logging.WARNING and "cdc_total_space" in r.getMessage()]) == 1

@@ -75,9 +75,9 @@ def test_damaged_entries_go_to_dead_letters_and_quarantine(harness: MakeHarness)
         wait_until(lambda: not h.segment_files(), "the damaged segment published and moved")
         errors.poll(0.3)
         raw.poll(0.1)
-        assert metric(agent, "cdc_agent_errors_total", kind="entry_crc_mismatch") == 1
+        assert metric(agent, "cassandra_cdc_agent_errors_total", kind="entry_crc_mismatch") == 1
         # The entries after the bad size CRC are in no report: the segment is kept whole.
-        assert metric(agent, "cdc_agent_segments_quarantined_total") == 1
+        assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 1
     assert_published_exactly(raw, h.expected)
 
     letters = {json.loads(m.value())["kind"]: json.loads(m.value()) for m in errors.messages}
@@ -151,8 +151,8 @@ def test_segment_whose_header_cannot_be_read_is_kept_whole_and_reported(
         raw.wait_for(lambda: raw.has_all(expected), "the readable segments")
         errors.wait_for(lambda: errors.messages, "the unreadable segment on the errors topic")
         wait_until(lambda: not h.segment_files(), "cdc_raw emptied")
-        assert metric(agent, "cdc_agent_segments_quarantined_total") == 1
-        assert metric(agent, "cdc_agent_errors_total", kind="unreadable_header") == 1
+        assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 1
+        assert metric(agent, "cassandra_cdc_agent_errors_total", kind="unreadable_header") == 1
         raw.poll(0.2)
     assert_published_exactly(raw, expected)
     assert quarantined_whole(h, unreadable.path.name).read_bytes() == original
@@ -191,7 +191,7 @@ def test_bad_sync_marker_keeps_the_segment_whole(harness: MakeHarness) -> None:
         raw.wait_for(lambda: raw.has_all(h.expected), "the changes before the bad marker")
         wait_until(lambda: not h.segment_files(), "cdc_raw emptied")
         errors.wait_for(lambda: errors.messages, "the damage on the errors topic")
-        assert metric(agent, "cdc_agent_segments_quarantined_total") == 1
+        assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 1
         raw.poll(0.2)
     assert_published_exactly(raw, h.expected)
     letter = json.loads(errors.messages[0].value())
@@ -226,5 +226,5 @@ def test_encrypted_segment_with_its_key_is_published_and_cleaned_up(harness: Mak
     config = h.config(encryption={"keystore": str(KEYSTORE), "keystore_password": "cassandra"})
     with running(config) as agent:
         wait_until(lambda: ENCRYPTED_SEGMENT.name not in h.segment_files(), "the encrypted segment published")
-        assert metric(agent, "cdc_agent_segments_quarantined_total") == 0
+        assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 0
     assert not list((h.state_dir / "quarantine").iterdir())

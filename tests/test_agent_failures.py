@@ -118,7 +118,8 @@ def test_broker_stopped_and_restarted_mid_stream(broker: EmbeddedBroker, harness
             first_down = h.node.active_segment.path.name
             h.write(600, sync_every=20)  # rolls over: first_down is COMPLETED while Kafka is away
             assert h.node.active_segment.path.name != first_down
-            wait_until(lambda: metric(agent, "cdc_agent_kafka_reachable") == 0, "Kafka reported unreachable")
+            wait_until(lambda: metric(agent, "cassandra_cdc_agent_kafka_reachable") == 0,
+                       "Kafka reported unreachable")
             time.sleep(0.5)  # several passes of the agent: it must keep the completed segment
             assert first_down in h.segment_files(), "a segment was cleaned up before Kafka acknowledged it"
         finally:
@@ -128,7 +129,8 @@ def test_broker_stopped_and_restarted_mid_stream(broker: EmbeddedBroker, harness
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "every change after the outage")
         wait_until(lambda: not h.segment_files(), "every segment published and deleted")
-        wait_until(lambda: metric(agent, "cdc_agent_kafka_reachable") == 1, "Kafka reported reachable")
+        wait_until(lambda: metric(agent, "cassandra_cdc_agent_kafka_reachable") == 1,
+                   "Kafka reported reachable")
         raw.poll(0.2)
     # The idempotent producer resends in order: no loss; copies would be tolerated by the contract.
     assert_published_exactly(raw, h.expected, duplicates=True)
@@ -142,11 +144,12 @@ def test_agent_started_while_kafka_is_down_waits_for_it(broker: EmbeddedBroker, 
     broker.stop()
     try:
         with running(h.config()) as agent:
-            wait_until(lambda: metric(agent, "cdc_agent_kafka_reachable") == 0, "Kafka reported unreachable")
+            wait_until(lambda: metric(agent, "cassandra_cdc_agent_kafka_reachable") == 0,
+                       "Kafka reported unreachable")
             broker.start()
             raw = h.raw_reader()
             raw.wait_for(lambda: raw.has_all(h.expected), "the changes once Kafka is back")
-            assert metric(agent, "cdc_agent_kafka_reachable") == 1
+            assert metric(agent, "cassandra_cdc_agent_kafka_reachable") == 1
     finally:
         broker.start()
     raw.poll(0.2)
@@ -323,7 +326,7 @@ def test_agent_restarted_after_the_broker_lost_acknowledged_records_stops_with_o
     caplog.clear()
     with running(h.config(kafka__accept_lost_records=True)) as agent:
         wait_until(lambda: "tailing" in caplog.text, "the agent started")
-        assert metric(agent, "cdc_agent_kafka_records_lost_total") == lost
+        assert metric(agent, "cassandra_cdc_agent_kafka_records_lost_total") == lost
         raw = h.raw_reader()
         before = set(h.expected)
         h.write(50)
@@ -333,7 +336,7 @@ def test_agent_restarted_after_the_broker_lost_acknowledged_records_stops_with_o
     caplog.clear()
     with running(h.config()) as agent:
         wait_until(lambda: "tailing" in caplog.text, "the agent started again")
-        assert metric(agent, "cdc_agent_kafka_records_lost_total") == 0
+        assert metric(agent, "cassandra_cdc_agent_kafka_records_lost_total") == 0
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "lost" in r.getMessage()]
 
 

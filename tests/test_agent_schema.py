@@ -46,7 +46,7 @@ def test_unknown_tables_are_skipped_until_the_schema_has_them(harness: MakeHarne
     with running(h.config()) as agent:
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "the known table's changes")
-        assert metric(agent, "cdc_agent_mutations_skipped_total") == 2
+        assert metric(agent, "cassandra_cdc_agent_mutations_skipped_total") == 2
         warnings = [r for r in caplog.records if str(late.id) in r.getMessage()]
         assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
         h.schema_file.write_text(SCHEMA_CQL + LATE_CQL)  # the schema now has it
@@ -151,6 +151,6 @@ def test_schema_change_logged_by_the_node_reloads_the_cluster_schema(harness: Ma
         altered = insert_with_email(h, 2)
         h.node.sync()
         raw.wait_for(lambda: altered in raw.arrival, "the change after the ALTER")
-        assert metric(agent, "cdc_agent_mutations_read_total", table="system_schema.columns") == 1
+        assert metric(agent, "cassandra_cdc_agent_mutations_read_total", table="system_schema.columns") == 1
     assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
     raw.close()

@@ -90,18 +90,20 @@ def test_live_tailing_publishes_every_change_in_order_with_schemas_first(harness
         h.node.close()
         wait_until(lambda: not h.segment_files(), "every segment published and deleted")
         raw.poll(0.2)
-        assert metric(agent, "cdc_agent_mutations_skipped_total") == 0
-        assert metric(agent, "cdc_agent_segments_quarantined_total") == 0  # healthy segments are cleaned up
+        assert metric(agent, "cassandra_cdc_agent_mutations_skipped_total") == 0
+        # Healthy segments are cleaned up, never quarantined.
+        assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 0
         # Per-record metrics: every record counted once, under its table.
         by_table = collections.Counter(SCHEMA.table_by_id(table_id).qualified_name for _, _, table_id in h.expected)
         for table, records in by_table.items():
-            assert metric(agent, "cdc_agent_records_published_total", table=table) == records
-            assert metric(agent, "cdc_agent_mutations_read_total", table=table) == records
-        assert metric(agent, "cdc_agent_mutations_read_total", table="ks.audit") >= 8  # read, not published
+            assert metric(agent, "cassandra_cdc_agent_records_published_total", table=table) == records
+            assert metric(agent, "cassandra_cdc_agent_mutations_read_total", table=table) == records
+        # Read, not published.
+        assert metric(agent, "cassandra_cdc_agent_mutations_read_total", table="ks.audit") >= 8
         # Delivery latency: observed on the records that report their delivery (deliveries.py), a few per pass.
-        observed = metric(agent, "cdc_agent_kafka_delivery_seconds_count")
+        observed = metric(agent, "cassandra_cdc_agent_kafka_delivery_seconds_count")
         assert 0 < observed < len(h.expected) / 2
-        assert metric(agent, "cdc_agent_kafka_delivery_seconds_bucket", le="30.0") == observed
+        assert metric(agent, "cassandra_cdc_agent_kafka_delivery_seconds_bucket", le="30.0") == observed
     assert_published_exactly(raw, h.expected)
     assert_node_order(raw)
     assert {r.node_id for r in raw.records} == {"node1"} and {r.commitlog_version for r in raw.records} == {7}
@@ -342,3 +344,4 @@ def test_deliveries_know_every_record_acknowledged_from_a_few_reports(broker: Em
     ours = {m.key(): m.partition() for m in reader.messages if m.value() != b"x"}
     assert ours == picked
     reader.close()
+    default.close()

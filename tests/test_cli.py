@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,11 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     assert_one_line_error(run("dump", str(tmp_path / "CommitLog-7-1.log")), "does not exist")
 
 
-def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path: Path) -> None:
-    """Kafka client secrets go to Spark as source options: at DEBUG every option crosses py4j, logged."""
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path: Path,
+                                                           log_format: str) -> None:
+    """Kafka client secrets go to Spark as source options: at DEBUG every option crosses py4j, logged. In
+    JSON, every line the command logs is one JSON object."""
     kafka = {"bootstrap_servers": broker.bootstrap_servers,
              "consumer": {"sasl.password": "consumer-pass-7Qz"},
              "producer": {"sasl.password": "producer-pass-9Wx"}}
@@ -47,9 +51,20 @@ def test_secrets_of_the_settings_never_reach_the_debug_log(broker: Any, tmp_path
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump({"server": "secrets", "checkpoint": str(tmp_path / "checkpoint"),
                                       "kafka": kafka, "spark": spark}))
-    result = run("pipeline", "--config", str(config), "--log-level", "DEBUG", "--duration", "3", timeout=300)
+    result = run("pipeline", "--config", str(config), "--log-level", "DEBUG", "--log-format", log_format,
+                 "--duration", "3", timeout=300)
     log = result.stdout + result.stderr
-    assert "pipeline running" in log and " DEBUG " in log, log[-3000:]
+    assert "pipeline running" in log, log[-3000:]
+    if log_format == "json":
+        # Spark's JVM logs through log4j, not through Python: its lines are not ours to format.
+        entries = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+        ours = [entry for entry in entries if entry["logger"].startswith(("cassandra_cdc", "py4j"))]
+        assert any(entry["message"].startswith("pipeline running") for entry in ours)
+        assert {"DEBUG", "INFO"} <= {entry["level"] for entry in ours}
+        assert all(entry["time"].endswith("+00:00") for entry in entries)
+        assert not [line for line in result.stderr.splitlines() if " DEBUG py4j" in line], "a text line"
+    else:
+        assert " DEBUG " in log, log[-3000:]
     for value in ("consumer-pass-7Qz", "producer-pass-9Wx", "token-K2v"):
         assert value not in log
     assert "[redacted]" in log

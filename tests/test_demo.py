@@ -65,10 +65,10 @@ ORDERS = TAIL_SCHEMA.table("shop", "orders")
 
 def _produce(broker: EmbeddedBroker, topic: str, records: list[tuple[bytes, bytes | None]]) -> None:
     broker.create_topic(topic, 2)
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
-    for key, value in records:
-        producer.produce(topic, value, key)
-    assert producer.flush(30) == 0
+    with Producer({"bootstrap.servers": broker.bootstrap_servers}) as producer:
+        for key, value in records:
+            producer.produce(topic, value, key)
+        assert producer.flush(30) == 0
 
 
 def _tail(*arguments: str) -> list[str]:

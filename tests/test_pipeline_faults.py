@@ -64,6 +64,9 @@ class RawPublisher:
         self.producer.produce(f"{self.server}.raw", value, key)
         self.producer.flush(30)
 
+    def close(self) -> None:
+        self.producer.close()
+
 
 def read_all(bootstrap: str, topic: str, isolation: str = "read_committed",
              security: dict[str, Any] | None = None) -> list[Any]:
@@ -131,6 +134,7 @@ def test_a_schema_change_mid_stream_never_breaks_it(broker: Any, spark: Any, tmp
         assert read_all(broker.bootstrap_servers, f"{server}.errors") == []
     finally:
         query.stop()
+        publisher.close()
 
 
 def test_a_damaged_record_goes_to_the_errors_topic_and_the_stream_goes_on(broker: Any, spark: Any,
@@ -157,6 +161,7 @@ def test_a_damaged_record_goes_to_the_errors_topic_and_the_stream_goes_on(broker
         assert query.exception() is None
     finally:
         query.stop()
+        publisher.close()
 
 
 def pipeline_command(broker: Any, server: str, tmp_path: Path, kafka: dict[str, Any],
@@ -200,6 +205,7 @@ def test_kill_9_of_the_pipeline_resumes_from_its_checkpoint_with_each_event_comm
         assert wait_for(lambda: len(read_all(real_kafka.bootstrap_servers, topic)) >= total, 240)
     finally:
         stop_pipeline(process)
+        publisher.close()
     # Replays rewrite what the killed process left uncommitted: read_committed sees every event once.
     events = read_all(real_kafka.bootstrap_servers, topic)
     assert sorted(e["payload"]["after"]["id"] for e in events) == list(range(total))
@@ -237,6 +243,7 @@ def test_each_kafka_source_gives_one_committed_event_per_change(real_kafka: Any,
         assert wait_for(lambda: len(read_all(real_kafka.bootstrap_servers, topic)) >= 25, 180)
     finally:
         stop_pipeline(process)
+        publisher.close()
     events = [e["payload"] for e in read_all(real_kafka.bootstrap_servers, topic)]
     assert sorted((e["op"], e["after"]["id"], e["after"]["qty"]) for e in events) == sorted(
         [("c", i, i) for i in range(20)] + [("u", i, 100 + i) for i in range(5)])

@@ -34,10 +34,10 @@ from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, 
 
 
 def produce(broker, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5, "acks": "all"})
-    for partition, key, value in records:
-        producer.produce(topic, value, key, partition=partition)
-    assert producer.flush(30) == 0
+    with Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5, "acks": "all"}) as producer:
+        for partition, key, value in records:
+            producer.produce(topic, value, key, partition=partition)
+        assert producer.flush(30) == 0
 
 
 def read_topic(broker, topic: str, isolation: str = "read_committed") -> list[tuple[int, int, bytes, bytes]]:
@@ -188,6 +188,7 @@ def test_source_reads_committed_transactions_only(spark, real_kafka, tmp_path):
         else:
             producer.commit_transaction(30)
             expected += records
+    producer.close()
     batches = run_available_now(spark, real_kafka, topic, tmp_path / "checkpoint", max_offsets=7)
     rows = [row for batch in batches for row in batch]
     assert sorted((row[3], row[0]) for row in rows) == sorted((p, k) for p, k, _ in expected)
@@ -206,6 +207,7 @@ def test_source_task_reads_exact_ranges_with_the_consumer_it_keeps(broker):
     transactional.begin_transaction()
     transactional.produce(topic, b"in-transaction", b"t", partition=0)
     transactional.commit_transaction(30)  # offsets 200 (record) and 201 (commit marker) of partition 0
+    transactional.close()
     reader = KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": broker.bootstrap_servers,
                                                    "subscribe": topic}))
 
@@ -370,6 +372,7 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
     assert [c.name for c in table.columns] == ["id", "a", "b"] and version != found[1]
     assert catalog.table(uuid.UUID(table_id).bytes) == (table, version)  # as records carry the id
     catalog.close()
+    producer.close()
 
 
 def test_at_least_once_task_sink_creates_topics_and_writes_replays_again(broker):

@@ -156,6 +156,9 @@ class _Events:
         self._start = {topic: self._consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)[1]
                        for topic in topics if topic in existing}
 
+    def close(self) -> None:
+        self._consumer.close()
+
     def read(self, topic: str) -> list[bytes]:
         """The records of ``topic`` (one partition) committed since the last read."""
         if topic not in self._assigned:
@@ -175,11 +178,10 @@ class _Events:
 def started_processor(broker: Any, monkeypatch: Any, tables: list[Any],
                       fmt: str = "json") -> tuple[ChangeProcessor, _MemoryHandle]:
     """A processor writing ``fmt`` events, the definitions of ``tables`` on its schema topic."""
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
-    for table in tables:
-        record = SchemaRecord.of(table, "node1")
-        producer.produce(SERVER, record.encode(), record.key)
-    producer.flush(30)
+    with Producer({"bootstrap.servers": broker.bootstrap_servers}) as producer:
+        for table in tables:
+            record = SchemaRecord.of(table, "node1")
+            producer.produce(SERVER, record.encode(), record.key)
     query = uuid.uuid4().hex  # each test writes as a query of its own: its markers are its own
     sink = SinkSettings(broker.bootstrap_servers, f"{SERVER}.commits", f"test-{query}", topic_partitions=1)
     processor = ChangeProcessor(ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER, f"{SERVER}.errors",
@@ -202,6 +204,7 @@ def processor(broker: Any, spark: Any, monkeypatch: Any) -> Iterator[tuple[Chang
     started = started_processor(broker, monkeypatch, [SCHEMA.table("app", "users")])
     yield started
     started[0].close()
+    started[0].events.close()  # type: ignore[attr-defined]
 
 
 def run_task(processor: ChangeProcessor, call: Any, topic: str = f"{SERVER}.app.users") -> list[dict[str, Any]]:
@@ -313,6 +316,7 @@ def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carr
             "c", None, {"id": 1, "line": None, "owner": "ann", "qty": None})
     finally:
         owner.close()
+        owner.events.close()  # type: ignore[attr-defined]
 
 
 def test_a_table_without_a_definition_costs_one_schema_read_per_batch(processor: Any, broker: Any,
@@ -339,9 +343,8 @@ def test_a_table_without_a_definition_costs_one_schema_read_per_batch(processor:
     assert topics() == [f"{SERVER}.errors"] * 3
     assert len(reads) == 2  # at the batch's start, and once for the run of records: not once per record
     record = SchemaRecord.of(late.table("app", "late"), "node1")
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
-    producer.produce(SERVER, record.encode(), record.key)
-    producer.flush(30)
+    with Producer({"bootstrap.servers": broker.bootstrap_servers}) as producer:
+        producer.produce(SERVER, record.encode(), record.key)
     assert topics() == [f"{SERVER}.app.late"] * 3  # the next micro-batch
 
 
@@ -434,6 +437,7 @@ def test_an_update_the_merge_refuses_is_dead_lettered_and_the_batch_goes_on(brok
         assert "cannot merge" in error["reason"] and "never closed" in error["reason"]
     finally:
         owner.close()
+        owner.events.close()  # type: ignore[attr-defined]
 
 
 def test_rows_naming_offset_ranges_are_read_from_the_raw_topic(processor: Any, broker: Any) -> None:
@@ -448,6 +452,7 @@ def test_rows_naming_offset_ranges_are_read_from_the_raw_topic(processor: Any, b
             producer.produce(raw, value, key, partition=1)
     producer.produce(raw, b"not a raw record", b"k", partition=1)
     assert producer.flush(30) == 0
+    producer.close()
     change_processor.settings = dataclasses.replace(change_processor.settings, ranges=SourceOptions.parse(
         {"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": raw, "emit": "offsetRanges"}))
     # Two ranges of one partition, as two micro-batches would name them, given in one call out of order.

@@ -257,7 +257,8 @@ def consume_events(bootstrap_servers: str, topics: list[str]) -> dict[str, list[
 
 
 def topic_exists(bootstrap_servers: str, topic: str) -> bool:
-    return topic in AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=10).topics
+    with AdminClient({"bootstrap.servers": bootstrap_servers}) as admin:
+        return topic in admin.list_topics(timeout=10).topics
 
 
 def write_yaml(path: Path, settings: dict[str, Any]) -> Path:

@@ -49,6 +49,7 @@ def test_transactions_commit_and_abort_as_read_committed_consumers_see_them(real
             producer.abort_transaction(30)
         else:
             producer.commit_transaction(30)
+    producer.close()
     # Offsets: 0-2 committed, 3 commit marker, 4-6 aborted, 7 abort marker, 8-10 committed, 11 marker.
     committed = [(0, b"r0-0"), (1, b"r0-1"), (2, b"r0-2"), (8, b"r2-0"), (9, b"r2-1"), (10, b"r2-2")]
     assert read_partition(real_kafka.bootstrap_servers, topic, "read_committed") == committed
@@ -69,6 +70,7 @@ def produce_acknowledged(bootstrap_servers: str, topic: str, values: list[bytes]
     for value in values:
         producer.produce(topic, value, partition=0, on_delivery=delivered)
     assert producer.flush(30) == 0 and failures == []
+    producer.close()
 
 
 def test_acknowledged_messages_survive_a_restart_and_a_kill(real_kafka):

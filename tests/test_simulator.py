@@ -93,6 +93,7 @@ def test_broker_round_trip_and_restart_keeps_messages(tmp_path: Path) -> None:
                              "enable.idempotence": True})
         producer.produce("cdc.ks.users", key=b"user-1", value=b"v1", partition=2)
         assert producer.flush(10) == 0
+        producer.close()
         assert first_message(broker, "cdc.ks.users", 2) == (b"user-1", b"v1")
 
         broker.stop()

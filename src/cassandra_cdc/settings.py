@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator, Literal, TypeVar
 
@@ -184,10 +186,25 @@ def _yaml_problem(path: Path, error: yaml.YAMLError) -> str:
     return message
 
 
-def configure_logging(level: str = "INFO") -> None:
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, and the exception if any."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        written = datetime.fromtimestamp(record.created, timezone.utc)
+        entry = {"time": written.isoformat(timespec="milliseconds"), "level": record.levelname,
+                 "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", log_format: str = "text") -> None:
+    """Log to stderr at ``level``, as text lines or (``json``) JSON lines; secrets redacted either way."""
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_redactor)
+        if log_format == "json":
+            handler.setFormatter(JsonLogFormatter())
 
 
 def reference_table(model: type[BaseModel]) -> str:

@@ -132,7 +132,8 @@ class Encryption(_Section):
 
 
 class Metrics(_Section):
-    port: int = Field(9103, ge=0, le=65535, description="Prometheus metrics port; 0 disables the endpoint.")
+    port: int = Field(9103, ge=0, le=65535, description="Port of the Prometheus metrics, /healthz and "
+                                                        "/readyz; 0 disables the endpoint.")
     host: str = Field("0.0.0.0", description="Address the metrics endpoint binds.")
 
 

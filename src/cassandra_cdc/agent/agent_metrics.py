@@ -9,13 +9,16 @@ than a ``collections.Counter``.
 from __future__ import annotations
 
 import bisect
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from ..observability import component_registry
 
 DELIVERY_BUCKETS = (.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30)
 
@@ -41,36 +44,52 @@ class LatencyHistogram:
         return buckets
 
 
+# The key under which ``records_published`` counts the dead letters (damaged entries sent to the errors
+# topic): no table's name, and exported as a metric of its own.
+DEAD_LETTERS = ""
+
+
 class AgentMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = component_registry()
         r = self.registry
-        self.segments_pending = Gauge("cdc_agent_segments_pending", "Segments in cdc_raw not yet fully published",
-                                      registry=r)
-        self.bytes_behind = Gauge("cdc_agent_bytes_behind",
+        self.segments_pending = Gauge("cassandra_cdc_agent_segments_pending",
+                                      "Segments in cdc_raw not yet fully published", registry=r)
+        self.behind_bytes = Gauge("cassandra_cdc_agent_behind_bytes",
                                   "Bytes between the idx offsets and the acknowledged positions", registry=r)
-        self.skipped = Counter("cdc_agent_mutations_skipped", "Mutations of unknown tables skipped", registry=r)
-        self.errors = Counter("cdc_agent_errors", "Damaged or undecodable entries, by kind", ["kind"], registry=r)
+        # When the oldest durable write Kafka has not acknowledged was made durable (time.time()); None: none.
+        self.unacknowledged_since: float | None = None
+        Gauge("cassandra_cdc_agent_lag_seconds",
+              "How long the oldest durable write not yet acknowledged by Kafka has been durable (its idx "
+              "offset's write); 0 when everything durable is acknowledged",
+              registry=r).set_function(self._lag)
+        self.skipped = Counter("cassandra_cdc_agent_mutations_skipped", "Mutations of unknown tables skipped",
+                               registry=r)
+        self.errors = Counter("cassandra_cdc_agent_errors", "Damaged or undecodable entries, by kind",
+                              ["kind"], registry=r)
         self.segments_quarantined = Counter(
-            "cdc_agent_segments_quarantined", "Segments moved whole into the quarantine: not all bytes read",
-            registry=r)
-        self.cdc_raw_bytes = Gauge("cdc_agent_cdc_raw_bytes", "Bytes of segments in cdc_raw", registry=r)
-        self.cdc_raw_usage = Gauge("cdc_agent_cdc_raw_usage_ratio", "cdc_raw bytes / cdc_total_space", registry=r)
-        self.kafka_reachable = Gauge("cdc_agent_kafka_reachable", "1 when Kafka accepts records", registry=r)
+            "cassandra_cdc_agent_segments_quarantined",
+            "Segments moved whole into the quarantine: not all bytes read", registry=r)
+        self.cdc_raw_bytes = Gauge("cassandra_cdc_agent_cdc_raw_bytes", "Bytes of segments in cdc_raw",
+                                   registry=r)
+        self.cdc_raw_usage = Gauge("cassandra_cdc_agent_cdc_raw_usage_ratio",
+                                   "cdc_raw bytes / cdc_total_space", registry=r)
+        self.kafka_reachable = Gauge("cassandra_cdc_agent_kafka_reachable", "1 when Kafka accepts records",
+                                     registry=r)
         self.kafka_reachable.set(1)
         self.kafka_records_lost = Counter(
-            "cdc_agent_kafka_records_lost", "Records Kafka had acknowledged that the raw topic no longer holds "
-            "(found at start)", registry=r)
+            "cassandra_cdc_agent_kafka_records_lost",
+            "Records Kafka had acknowledged that the raw topic no longer holds (found at start)", registry=r)
         # Bumped per record by the agent's thread, read at scrape time.
         self.mutations_read: defaultdict[str, int] = defaultdict(int)  # by table
-        # acknowledged by Kafka, by table ("errors": dead letters)
+        # acknowledged by Kafka, by table (DEAD_LETTERS: the dead letters)
         self.records_published: defaultdict[str, int] = defaultdict(int)
         self.delivery_latency = LatencyHistogram(DELIVERY_BUCKETS)
         r.register(_PerRecordCollector(self))
 
-    def serve(self, host: str, port: int) -> None:
-        if port:
-            start_http_server(port, addr=host, registry=self.registry)
+    def _lag(self) -> float:
+        since = self.unacknowledged_since
+        return 0.0 if since is None else max(0.0, time.time() - since)
 
 
 class _PerRecordCollector(Collector):
@@ -79,14 +98,21 @@ class _PerRecordCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self._metrics
+        published = dict(m.records_published)  # dict(): one atomic copy under the GIL
+        dead_letters = published.pop(DEAD_LETTERS, 0)
         for name, help_text, tally in (
-                ("cdc_agent_mutations_read", "Mutations read, by table", m.mutations_read),
-                ("cdc_agent_records_published", "Raw records acknowledged by Kafka, by table", m.records_published)):
+                ("cassandra_cdc_agent_mutations_read", "Mutations read, by table", dict(m.mutations_read)),
+                ("cassandra_cdc_agent_records_published", "Raw records acknowledged by Kafka, by table",
+                 published)):
             family = CounterMetricFamily(name, help_text, labels=["table"])
-            for table, count in sorted(dict(tally).items()):  # dict(): one atomic copy under the GIL
+            for table, count in sorted(tally.items()):
                 family.add_metric([table], count)
             yield family
+        yield CounterMetricFamily("cassandra_cdc_agent_dead_letters_published",
+                                  "Damaged entries published to the errors topic and acknowledged by Kafka",
+                                  value=dead_letters)
         latency = m.delivery_latency
-        family = HistogramMetricFamily("cdc_agent_kafka_delivery_seconds", "Time from produce to acknowledgement")
+        family = HistogramMetricFamily("cassandra_cdc_agent_kafka_delivery_seconds",
+                                       "Time from produce to acknowledgement")
         family.add_metric([], buckets=latency.cumulative(), sum_value=latency.sum)
         yield family

@@ -4,11 +4,13 @@ the agent read."""
 from __future__ import annotations
 
 import logging
+import math
+import os
 import time
 from collections import defaultdict, deque
 
 from ..commitlog.segment_reader import DamageKind
-from .cdc_raw import CdcSegment, read_cdc_index
+from .cdc_raw import CdcIndex, CdcSegment, read_cdc_index
 from .deliveries import Deliveries, Watermark
 
 log = logging.getLogger(__name__)
@@ -39,6 +41,9 @@ class SegmentProgress:
         self._deliveries = deliveries
         self._published = published
         self._checkpoints: deque[tuple[int, Watermark, dict[str, int]]] = deque()
+        # Durable offsets as the agent saw them grow, with when each was made durable (the idx file's write,
+        # time.time()), oldest first: for the lag. A 3.x segment is durable whole (offset: infinity).
+        self._durable: deque[tuple[float, float]] = deque()
 
     def checkpoint(self, sent: dict[str, int]) -> None:
         """Mark the read position: it is acknowledged once every record sent so far is (``sent`` of them since
@@ -74,16 +79,13 @@ class SegmentProgress:
         A None limit reads to the end of the segment.
         """
         segment = self.segment
-        index = read_cdc_index(segment.index_path)
+        index = self.note_durable()
         if index is None:
             if segment.index_path.exists():
                 return None  # caught mid-rewrite: read it again on the next pass
             if segment.version == 6:
                 return None, True  # Cassandra 3.x moves a segment in once it is complete
             return None  # 4.0+: no CDC data in this segment (yet)
-        if index.offset != self.index_offset:
-            self.index_offset = index.offset
-            self.changed_at = time.monotonic()
         if index.completed:
             return index.offset, True
         idle = time.monotonic() - self.changed_at
@@ -92,6 +94,35 @@ class SegmentProgress:
                         "reading it to its end", segment.path.name)
             return None, True
         return index.offset, False
+
+    def note_durable(self) -> CdcIndex | None:
+        """Read the idx file, noting a new durable offset; the index, or None when there is none (yet)."""
+        segment = self.segment
+        index = read_cdc_index(segment.index_path)
+        if index is not None and index.offset != self.index_offset:
+            self.index_offset = index.offset
+            self.changed_at = time.monotonic()
+            self._note(index.offset, segment.index_path)
+        elif index is None and segment.version == 6 and not self._durable and not self.read_all:
+            self._note(math.inf, segment.path)
+        return index
+
+    def _note(self, offset: float, written: os.PathLike[str]) -> None:
+        try:
+            self._durable.append((offset, os.stat(written).st_mtime))
+        except FileNotFoundError:
+            pass  # removed meanwhile: nothing left to publish
+
+    def unacknowledged_since(self) -> float | None:
+        """When the oldest durable write of the segment that Kafka has not acknowledged was made durable (as
+        far as the agent saw: the idx write that first covered it); None when there is none."""
+        if self.done:
+            self._durable.clear()
+            return None
+        durable, acknowledged = self._durable, self.acknowledged
+        while durable and durable[0][0] <= acknowledged:
+            durable.popleft()
+        return durable[0][1] if durable else None
 
     def _advance(self) -> None:
         """Move over the checkpoints Kafka has acknowledged: when asked, not per delivery."""

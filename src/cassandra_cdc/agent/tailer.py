@@ -25,10 +25,11 @@ from ..storage import MutationDecodeError, UnknownTableError
 from ..commitlog.mutation import split_partition_updates
 from ..commitlog.segment_reader import DamageKind, Entry
 from ..kafka.raw_records import encode_update
+from ..observability import serve_metrics
 from .cdc_raw import CdcSegment, ChangeNotifier, list_segments
 from .agent_config import AgentConfig, ConfigError
 from .deliveries import Deliveries
-from .agent_metrics import AgentMetrics
+from .agent_metrics import DEAD_LETTERS, AgentMetrics
 from .publisher import DeliveryFailed, Publisher
 from .lost_records import LostRecords, LostRecordsUnknown, describe_loss, lost_partitions
 from .positions import PositionStore, StateError
@@ -78,9 +79,12 @@ class Agent:
         self._progress: dict[int, SegmentProgress] = {}
         self._node_id = config.node_id.encode("utf-8")
         self._raw_topic = config.raw_topic
-        # Records sent since the segment being read took its last checkpoint, per table ("errors": dead letters).
+        # Records sent since the segment being read took its last checkpoint, per table (DEAD_LETTERS: dead
+        # letters).
         self._sent: defaultdict[str, int] = defaultdict(int)
         self._last_flush = self._last_space_check = 0.0
+        self._kafka_reachable = True
+        self._tailing = False  # the topics exist and cdc_raw is read: ready, while Kafka is reachable
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -94,7 +98,29 @@ class Agent:
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
-        self.metrics.serve(self.config.metrics.host, self.config.metrics.port)
+        try:
+            server = serve_metrics(self.config.metrics.host, self.config.metrics.port, self.metrics.registry,
+                                   self.not_ready)
+        except ConfigError as error:
+            log.error("agent not started: %s", error)
+            return 2
+        try:
+            return self._run()
+        finally:
+            if server is not None:
+                server.stop()
+
+    def not_ready(self) -> str | None:
+        """Why the agent is not ready (the readiness endpoint), or None when it is."""
+        if self._stopping.is_set():
+            return "stopping"
+        if not self._kafka_reachable:
+            return f"Kafka at {self.config.kafka.bootstrap_servers} is unreachable"
+        if not self._tailing:
+            return "starting: not tailing cdc_raw yet"
+        return None
+
+    def _run(self) -> int:
         try:
             if not self._ensure_topics():
                 return 0  # stopped while waiting for Kafka: nothing was read
@@ -108,6 +134,7 @@ class Agent:
             return 1
         log.info("agent %s tailing %s into %s", self.config.node_id, self.config.cdc_raw, self.config.raw_topic)
         self.notifier.start()
+        self._tailing = True
         failure: Exception | None = None
         try:
             while not self._stopping.is_set():
@@ -117,6 +144,7 @@ class Agent:
         except (ConfigError, StateError, DeliveryFailed) as error:
             failure = error
         finally:
+            self._tailing = False
             self.notifier.stop()
             # After a delivery failure, what Kafka acknowledged before may be gone too: nothing more is saved.
             if not isinstance(failure, DeliveryFailed):
@@ -158,6 +186,7 @@ class Agent:
                 if not waiting:
                     waiting = True
                     self._kafka_reachability(False)
+                self._note_durable_writes()
                 self._stopping.wait(1.0)
                 continue
             if waiting:
@@ -360,7 +389,7 @@ class Agent:
         full."""
         if not self.quarantine.dead_letter(progress.segment, damage, self._while_blocked):
             return False
-        self._sent["errors"] += 1
+        self._sent[DEAD_LETTERS] += 1
         return True
 
     # --- housekeeping -----------------------------------------------------------------------------
@@ -389,10 +418,27 @@ class Agent:
                 behind += max(0, progress.index_offset - progress.acknowledged)
         self.positions.acknowledge(self._raw_topic, self.deliveries.acknowledged_offsets(self._raw_topic))
         self.positions.save()
-        self.metrics.bytes_behind.set(behind)
+        self.metrics.behind_bytes.set(behind)
+        self._set_lag()
         self.metrics.segments_pending.set(sum(1 for p in self._progress.values() if not p.done))
 
+    def _note_durable_writes(self) -> None:
+        """While Kafka cannot be reached at startup nothing is read, but what is durable in cdc_raw keeps
+        aging: note it, for the lag."""
+        for segment in list_segments(self.config.cdc_raw):
+            try:
+                self._progress_of(segment).note_durable()
+            except ConfigError:
+                continue  # its key is missing: reading it stops the agent, once Kafka is there to read for
+        self._set_lag()
+
+    def _set_lag(self) -> None:
+        oldest = [progress.unacknowledged_since() for progress in self._progress.values()]
+        self.metrics.unacknowledged_since = min((since for since in oldest if since is not None),
+                                                default=None)
+
     def _kafka_reachability(self, reachable: bool) -> None:
+        self._kafka_reachable = reachable
         self.metrics.kafka_reachable.set(1 if reachable else 0)
         if reachable:
             log.info("Kafka is reachable again: publishing resumes")

@@ -13,7 +13,7 @@ from rich.table import Table
 from ..agent import Agent, ConfigError, load_config
 from ..agent.segment_status import segment_statuses
 from ..settings import configure_logging
-from .options import LogLevel, LogLevelOption
+from .options import LogFormat, LogFormatOption, LogLevel, LogLevelOption
 
 app = typer.Typer(no_args_is_help=False)
 
@@ -37,6 +37,7 @@ def agent(
         help="Start even though the raw topic lost records Kafka had acknowledged (kafka.accept_lost_records).")
     ] = False,
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Tail cdc_raw and publish every change of a CDC table to Kafka.
 
@@ -53,7 +54,7 @@ def agent(
         mode, _, directory = after_completed.partition(":")
         overrides["cleanup.mode"] = mode
         overrides["cleanup.archive_dir"] = directory or None
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value)
     try:
         settings = load_config(config, overrides)
         runner = Agent(settings)

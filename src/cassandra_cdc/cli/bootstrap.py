@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..settings import ConfigError, configure_logging
-from .options import LogLevel, LogLevelOption
+from .options import LogFormat, LogFormatOption, LogLevel, LogLevelOption
 
 
 def bootstrap(
@@ -42,6 +42,7 @@ def bootstrap(
         min=1, help="Split Data.db files larger than this (MB, uncompressed) into several tasks.")] = 64,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help="Show a progress bar.")] = True,
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Publish the rows a table already has, read from a snapshot of its SSTables on every node, to the
     raw topic, so that the pipeline's output starts with the whole table, not just later changes.
@@ -61,7 +62,7 @@ def bootstrap(
     from ..pipeline.pipeline_config import load_config
     from ..pipeline.spark_session import session_master, spark_session
 
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value)
     paths = [*sstables, *(more_sstables or [])]
     if not paths:
         raise typer.BadParameter("give at least one snapshot directory", param_hint="--sstables")

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..settings import ConfigError, configure_logging
-from .options import LogLevel, LogLevelOption
+from .options import LogFormat, LogFormatOption, LogLevel, LogLevelOption
 
 
 def pipeline(
@@ -21,10 +21,13 @@ def pipeline(
     format: Annotated[Optional[str], typer.Option("--format", help="Event format: json or avro.")] = None,
     master: Annotated[Optional[str], typer.Option(help="Spark master (default local[2]).")] = None,
     duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.")] = None,
+    metrics_port: Annotated[Optional[int], typer.Option(
+        help="Port of the driver's Prometheus metrics, /healthz and /readyz (metrics.port; 0: off).")] = None,
     reset_checkpoint: Annotated[bool, typer.Option(
         "--reset-checkpoint", help="Start on an empty checkpoint although an earlier run's output is in "
                                    "Kafka: every event is written again.")] = False,
     log_level: LogLevelOption = LogLevel.INFO,
+    log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
     """Run the Spark Structured Streaming job: read the raw topic, merge every replica's copy per
     primary key with Cassandra's reconciliation rules (state in RocksDB, checkpointed), and write one
@@ -36,9 +39,9 @@ def pipeline(
     from ..pipeline.pipeline_config import load_config
     from ..pipeline.streaming_job import check_checkpoint, run
 
-    configure_logging(log_level.value)
+    configure_logging(log_level.value, log_format.value)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
-                 "output.format": format, "spark.master": master,
+                 "output.format": format, "spark.master": master, "metrics.port": metrics_port,
                  "reset_checkpoint": reset_checkpoint or None}  # None: as the file says
     try:
         settings = load_config(config, overrides)

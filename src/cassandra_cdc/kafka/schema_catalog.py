@@ -50,6 +50,12 @@ class SchemaCatalog:
             catalog = cls._shared[identity] = cls(bootstrap_servers, topic, consumer)
         return catalog
 
+    @classmethod
+    def close_shared(cls) -> None:
+        """Close the consumers of this process's shared catalogs (a catalog used again reopens its own)."""
+        for catalog in cls._shared.values():
+            catalog.close()
+
     def table(self, table_id: uuid.UUID | bytes, refresh: bool = True) -> tuple[TableMetadata, str] | None:
         """The latest definition of a table and its version, reading the topic again if unknown.
 

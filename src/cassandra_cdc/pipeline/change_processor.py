@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pandas as pd
+from pyspark import Accumulator
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType
@@ -56,8 +57,9 @@ from ..kafka.raw_records import RawRecord, RawRecordError, decode_update, stored
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..merge.reconcile import PartitionState, RowChange, apply, expire, next_expiry
-from .event_sink import SinkSettings, MicroBatchTask, TaskSink, task_sink
-from .kafka_source import OffsetRange, SourceOptions, read_range
+from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
+from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
+from .pipeline_metrics import PipelineTally
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,7 @@ class ProcessorSettings:
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
     ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
+    tally: Accumulator[PipelineTally] | None = None  # where each task's counts go (the driver's metrics)
 
 
 class ChangeProcessor(StatefulProcessor):
@@ -99,6 +102,7 @@ class ChangeProcessor(StatefulProcessor):
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}
         self._sink: TaskSink | None = None  # opened by the task's first event
+        self._tally = PipelineTally()  # what the task wrote, added to settings.tally once committed
 
     # --- Spark callbacks --------------------------------------------------------------------------
 
@@ -142,7 +146,10 @@ class ChangeProcessor(StatefulProcessor):
         if self._sink is not None:
             with self._aborted_on_failure():
                 self._sink.commit()
+            if self.settings.tally is not None and not self._sink.skipped:
+                self.settings.tally.add(self._tally)
             self._sink = None
+        self._tally = PipelineTally()
 
     # --- input and output -------------------------------------------------------------------------
 
@@ -178,9 +185,12 @@ class ChangeProcessor(StatefulProcessor):
             if self._sink is not None:
                 self._sink.abort()
                 self._sink = None
+            self._tally = PipelineTally()  # the retry counts it all again
             raise
 
-    def _error(self, record_key: bytes, value: bytes, reason: str) -> None:
+    def _error(self, record_key: bytes, value: bytes, kind: str, reason: str) -> None:
+        """Send a record to the errors topic; ``kind`` names the reason in a word (the metric's label)."""
+        self._tally.error(kind)
         report = {"reason": reason, "key": base64.b64encode(record_key).decode(),
                   "value": base64.b64encode(value).decode(), "ts_ms": int(time.time() * 1000)}
         self._output().produce(self.settings.errors_topic, record_key, json.dumps(report).encode())
@@ -191,7 +201,7 @@ class ChangeProcessor(StatefulProcessor):
         try:
             record = RawRecord.decode(value)
         except RawRecordError as error:
-            self._error(record_key, value, str(error))
+            self._error(record_key, value, "invalid_raw_record", str(error))
             return
         state = partitions.get(record_key)
         digest = stored_digest(value)
@@ -201,13 +211,14 @@ class ChangeProcessor(StatefulProcessor):
         try:
             table, version, update = self._decode(record_key, record)
         except _Undecodable as error:
-            self._error(record_key, value, error.reason)
+            self._error(record_key, value, error.kind, error.reason)
             return
         merged = state if state is not None else PartitionState()
         try:
             changes = apply(merged, update, table, now_ms // 1000)
         except ValueError as error:  # raised before the state changed: the record is set aside, not retried
-            self._error(record_key, value, f"cannot merge the partition update of {table.qualified_name}: {error}")
+            self._error(record_key, value, "unmergeable_update",
+                        f"cannot merge the partition update of {table.qualified_name}: {error}")
             return
         if state is None:
             partitions.add(record_key, merged)
@@ -215,7 +226,8 @@ class ChangeProcessor(StatefulProcessor):
         source = Source(name=self.settings.server, cluster=self.settings.cluster, keyspace=table.keyspace,
                         table=table.name, ts_us=record.write_time, snapshot=record.snapshot, node=record.node_id,
                         segment=record.segment_id, position=record.position)
-        self._emit(table, version, changes, source, record.snapshot, now_ms)
+        self._emit(table, version, changes, source, record.snapshot, now_ms,
+                   None if record.snapshot else record.write_time)
 
     def _decode(self, record_key: bytes, record: RawRecord) -> tuple[TableMetadata, str, Any]:
         """The record's table, the version of its definition and its decoded partition update; raises
@@ -242,11 +254,15 @@ class ChangeProcessor(StatefulProcessor):
                 return found[0], found[1], update
             except (MutationDecodeError, EndOfData, ValueError, IndexError, KeyError) as error:
                 reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
-        raise _Undecodable(reason or f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topic "
-                                     f"{self.settings.schema_topic}")
+        if reason is not None:
+            raise _Undecodable("undecodable_update", reason)
+        raise _Undecodable("unknown_table", f"no schema for table id {uuid.UUID(bytes=table_id)} on the "
+                                            f"schema topic {self.settings.schema_topic}")
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
-              now_ms: int) -> None:
+              now_ms: int, written_us: int | None = None) -> None:
+        """Write the events of ``changes``; ``written_us``: the write time of the update that made them (None
+        for a TTL expiry or a snapshot row), for the write → event lag."""
         if not changes:
             return
         out = self._output()
@@ -264,6 +280,7 @@ class ChangeProcessor(StatefulProcessor):
                 op = "u"
             key = encoder.key(after if after is not None else before)  # type: ignore[arg-type]
             out.produce(encoder.topic, key, encoder.value(before, after, op, source, now_ms))
+            self._tally.event(table.qualified_name, op, written_us)
             if op == "d" and self.settings.tombstones:
                 out.produce(encoder.topic, key, None)
 
@@ -299,11 +316,21 @@ class ChangeProcessor(StatefulProcessor):
             self.state.update((stored,))
 
 
-class _Undecodable(Exception):
-    """A raw record the processor cannot decode: it goes to the errors topic with ``reason``."""
+def close_worker_clients() -> None:
+    """Close the Kafka clients this process keeps across micro-batches (the processor's, the sink's, the
+    read tasks'): before its brokers go away, so that none is left retrying their connections."""
+    SchemaCatalog.close_shared()
+    close_sink_clients()
+    close_task_consumers()
 
-    def __init__(self, reason: str) -> None:
+
+class _Undecodable(Exception):
+    """A raw record the processor cannot decode: it goes to the errors topic with ``reason`` (``kind``: the
+    reason in a word)."""
+
+    def __init__(self, kind: str, reason: str) -> None:
         super().__init__(reason)
+        self.kind = kind
         self.reason = reason
 
 

@@ -154,6 +154,7 @@ class TaskSink(ABC):
         self.settings = settings
         self.task = task
         self.records = 0
+        self.skipped = False  # committed by an earlier attempt: nothing is written
         self._on_delivery: Callable[[KafkaError | None, Message], None] | None = None  # delivery reports wanted
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None) -> None:
@@ -191,7 +192,6 @@ class TransactionalTaskSink(TaskSink):
     def __init__(self, settings: SinkSettings, task: MicroBatchTask) -> None:
         super().__init__(settings, task)
         self.key = f"{settings.query_name}-{task.partition}"
-        self.skipped = False  # committed by an earlier attempt: nothing to write
         self._transaction: TransactionalProducer | None = None
 
     def _producer(self) -> Producer | None:
@@ -286,6 +286,13 @@ class TransactionalProducer:
         producer.last_committed = commits.last_batch(producer.key, query_id)
         return producer
 
+    @classmethod
+    def close_all(cls) -> None:
+        """Close the producers this process keeps (aborting what they have open)."""
+        for producer in list(cls._instances.values()):
+            producer.abort()
+            producer.kafka.close()
+
     def __init__(self, settings: dict[str, Any], identity: tuple[str, str | None]) -> None:
         self.key: str = settings["transactional.id"]
         self._identity = identity
@@ -370,6 +377,11 @@ class BatchCommitLog:
             if instance is self:
                 del self._instances[identity]
 
+    @classmethod
+    def close_all(cls) -> None:
+        for instance in list(cls._instances.values()):
+            instance.close()
+
     def remember(self, key: str, query_id: str | None, batch_id: int) -> None:
         identity = (key, query_id)
         self._last[identity] = max(batch_id, self._last.get(identity, batch_id))
@@ -436,6 +448,12 @@ class AtLeastOnceTaskSink(TaskSink):
     def _producer(self) -> Producer:
         return self._kafka
 
+    @classmethod
+    def close_all(cls) -> None:
+        """Close the producers this process keeps, once what they hold is delivered."""
+        while cls._producers:
+            cls._producers.popitem()[1].close()
+
     def _delivered(self, error: KafkaError | None, _: Message) -> None:
         if error is not None:
             self._failures.append(error)
@@ -461,10 +479,18 @@ def partitions_committed(settings: SinkSettings) -> int:
     return BatchCommitLog.of(admin, settings.commit_topic).partitions_committed(settings.query_name)
 
 
+def close_sink_clients() -> None:
+    """Close every Kafka client the sink keeps in this process across micro-batches."""
+    TransactionalProducer.close_all()
+    BatchCommitLog.close_all()
+    AtLeastOnceTaskSink.close_all()
+
+
 def task_sink(settings: SinkSettings, task: MicroBatchTask) -> TaskSink:
     return TransactionalTaskSink(settings, task) if settings.exactly_once else AtLeastOnceTaskSink(settings, task)
 
 
 __all__ = ["AtLeastOnceTaskSink", "BatchCommitLog", "MicroBatchTask", "SinkError", "SinkSettings", "TaskSink",
-           "TransactionalProducer", "TransactionalTaskSink", "ensure_topic", "partitions_committed",
+           "TransactionalProducer", "TransactionalTaskSink", "close_sink_clients", "ensure_topic",
+           "partitions_committed",
            "task_sink"]

@@ -448,6 +448,12 @@ def _task_consumer(options: SourceOptions) -> Consumer:
     return consumer
 
 
+def close_task_consumers() -> None:
+    """Close the read tasks' consumers this process keeps."""
+    while _TASK_CONSUMERS:
+        _TASK_CONSUMERS.popitem()[1].close()
+
+
 def _drop_task_consumer(options: SourceOptions) -> None:
     """After a failure the consumer may be in any state: the next task starts with a new one."""
     consumer = _TASK_CONSUMERS.pop(_task_consumer_identity(options), None)

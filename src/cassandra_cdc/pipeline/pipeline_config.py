@@ -104,6 +104,12 @@ class OutputSettings(_Section):
         return {"url": self.schema_registry_url} if self.schema_registry_url else {}
 
 
+class MetricsSettings(_Section):
+    port: int = Field(0, ge=0, le=65535, description="Port of the driver's Prometheus metrics, /healthz and "
+                                                     "/readyz (e.g. 9104); 0: no endpoint.")
+    host: str = Field("0.0.0.0", description="Address the metrics endpoint binds.")
+
+
 class PipelineConfig(ServerTopics, _Section):
     server: str = Field(..., description="Logical cluster name, as the agents use it; prefix of every topic.")
     cluster: str | None = Field(None, description="Cassandra cluster name shown in events. Default: server")
@@ -116,6 +122,7 @@ class PipelineConfig(ServerTopics, _Section):
     kafka: KafkaSettings
     spark: SparkSettings = Field(default_factory=SparkSettings)
     output: OutputSettings = Field(default_factory=OutputSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
 
     @property
     def commit_topic(self) -> str:

@@ -8,23 +8,27 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import signal
 import threading
 import time
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
+from pyspark import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from ..kafka.admin import admin_settings
 from ..kafka.security import LoginCheck
+from ..observability import serve_metrics
 from .checkpoint_files import CheckpointFiles, checkpoint_files
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
 from .event_sink import SinkSettings, partitions_committed
 from .kafka_source import KafkaDataSource, SourceOptions
+from .pipeline_metrics import PipelineMetrics, PipelineTally
 from .spark_session import kafka_format_available, session_master, spark_session
 
 log = logging.getLogger(__name__)
@@ -58,8 +62,10 @@ def read_raw(spark: SparkSession, config: PipelineConfig) -> tuple[DataFrame, So
     return reader.options(**options).load().select(*columns), ranges
 
 
-def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
-    """The merge of the raw records per partition key, which writes the change events to Kafka itself.
+def change_events(spark: SparkSession, config: PipelineConfig,
+                  tally: Accumulator[PipelineTally] | None = None) -> DataFrame:
+    """The merge of the raw records per partition key, which writes the change events to Kafka itself (and
+    adds what it wrote to ``tally``).
 
     The result has no rows; running it (any sink) runs the pipeline."""
     raw, ranges = read_raw(spark, config)
@@ -70,7 +76,8 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
         schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
         schema_registry=tuple(sorted(config.output.registry_client_settings().items())),
         tombstones=config.output.tombstones,
-        consumer=tuple(sorted(kafka.librdkafka(kafka.consumer).items())), sink=sink, ranges=ranges)
+        consumer=tuple(sorted(kafka.librdkafka(kafka.consumer).items())), sink=sink, ranges=ranges,
+        tally=tally)
     keys = balanced_group_keys(spark, MAX_RAW_PARTITIONS, config.spark.shuffle_partitions)
     # One SQL literal, not an expression per key: each of those would be a call into the JVM.
     group = F.element_at(F.expr(f"array({', '.join(f'{key}L' for key in keys)})"), (F.col("partition") + 1).cast("int"))
@@ -230,9 +237,10 @@ def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None) 
     check_state_layout(files, config, partitions)
 
 
-def start(spark: SparkSession, config: PipelineConfig) -> StreamingQuery:
+def start(spark: SparkSession, config: PipelineConfig,
+          tally: Accumulator[PipelineTally] | None = None) -> StreamingQuery:
     check_checkpoint(config, spark)
-    return (change_events(spark, config).writeStream
+    return (change_events(spark, config, tally).writeStream
             .queryName(QUERY_NAME)
             .format("noop")
             .outputMode("update")
@@ -245,21 +253,33 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
     """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds."""
     spark = spark_session(session_master(config.spark.master), QUERY_NAME, config.spark.shuffle_partitions,
                           config.spark.conf)
-    query = start(spark, config)
-    if threading.current_thread() is threading.main_thread():
-        # SIGTERM (systemd, Kubernetes) stops the query between batches as Ctrl-C does.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
-    log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic, config.server,
-             config.checkpoint)
-    deadline = None if duration is None else time.monotonic() + duration
+    metrics = PipelineMetrics(spark, config)
+    server = serve_metrics(config.metrics.host, config.metrics.port, metrics.registry, metrics.not_ready)
     try:
-        while query.isActive and (deadline is None or time.monotonic() < deadline):
-            query.awaitTermination(1)
-    except KeyboardInterrupt:
-        log.info("stopping the pipeline")
+        query = start(spark, config, metrics.tally)
+        terminated = threading.Event()
+        if threading.current_thread() is threading.main_thread():
+            # SIGTERM (systemd, Kubernetes) stops the query between batches, as Ctrl-C does, but noted
+            # rather than raised: an exception in the middle of a call into the JVM breaks its connection.
+            signal.signal(signal.SIGTERM, lambda *_: terminated.set())
+        log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic,
+                 config.server, config.checkpoint)
+        deadline = math.inf if duration is None else time.monotonic() + duration
+        try:
+            while query.isActive and not terminated.is_set() and time.monotonic() < deadline:
+                metrics.update(query)
+                query.awaitTermination(1)
+        except KeyboardInterrupt:
+            terminated.set()
+        finally:
+            if terminated.is_set():
+                log.info("stopping the pipeline")
+            if query.isActive:
+                query.stop()
     finally:
-        if query.isActive:
-            query.stop()
+        metrics.stopped()
+        if server is not None:
+            server.stop()
     if query.exception() is not None:
         log.error("the pipeline failed: %s", query.exception())
         return 1
