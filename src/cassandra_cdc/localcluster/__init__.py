@@ -6,9 +6,9 @@ one KRaft-mode Kafka broker.
 """
 
 from .artifacts import MissingArtifacts, missing_reason
-from .cassandra import CassandraCluster, CassandraNode
+from .cassandra import CassandraCluster, CassandraNode, sstable_format
 from .kafka import KafkaBroker
 from .process import JvmError
 
 __all__ = ["CassandraCluster", "CassandraNode", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "missing_reason"]
+           "missing_reason", "sstable_format"]
