@@ -5,11 +5,12 @@ mutation names a table id the agent does not know (a table created since it star
 file changes, and when the node logs a schema change (a mutation of ``system_schema``, which every
 ``CREATE``/``ALTER``/``DROP`` writes to the commit log before any data that uses the new definition).
 
-A table id the schema does not know is either a table created since the schema was loaded (its schema
-may reach the agent late: a reload that failed, a schema file not updated yet) or a dropped one, which
-the schema cannot tell apart. Its mutation holds reading back while the schema is reloaded
+A user table's id the schema does not know is either a table created since the schema was loaded (its
+schema may reach the agent late: a reload that failed, a schema file not updated yet) or a dropped one,
+which the schema cannot tell apart. Its mutation holds reading back while the schema is reloaded
 (:meth:`TableRegistry.await_table`), for up to ``unknown_table_wait_seconds``; only then are its
-mutations skipped, as Cassandra skips a dropped table's.
+mutations skipped, as Cassandra skips a dropped table's. A system table a schema file leaves out is
+skipped at once.
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ class TableRegistry:
         table = self.schema.table_by_id(table_id)
         if table is not None:
             return table
-        if table_id in self._given_up:
+        # Cassandra gives the tables CREATE TABLE makes time-based ids (version 1), its own tables ids made
+        # from their names (version 3): those of system tables a schema file leaves out are never waited for.
+        if table_id.version != 1 or table_id in self._given_up:
             return self.lookup(table_id)
         wait = self._config.unknown_table_wait_seconds
         log.warning("%s: a mutation of table id %s, which the schema does not have: reading waits there "
