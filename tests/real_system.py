@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import base64
+import collections
+import contextlib
 import datetime
 import decimal
 import json
@@ -11,15 +13,30 @@ import struct
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
-from cassandra import util
+from cassandra import ConsistencyLevel, util
+from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
+from cassandra_cdc.kafka.raw_records import RawRecord
+
+
+@contextlib.contextmanager
+def session_at_all(cluster: Any, schema: list[str]) -> Iterator[Any]:
+    """A driver session to ``cluster`` whose statements run at CONSISTENCY ALL, once the ``schema``
+    statements have run and every node agrees on the schema."""
+    with cluster.driver() as driver:
+        session = driver.connect()
+        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.ALL
+        for cql in schema:
+            session.execute(cql)
+        assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+        yield session
 
 
 def event_shape(value: Any) -> Any:
@@ -114,6 +131,33 @@ def consume_events(bootstrap_servers: str, topics: list[str]) -> dict[str, list[
         consumer.close()
 
 
+def records_by_node(bootstrap_servers: str, topic: str, table: bytes) -> collections.Counter[str]:
+    """How many raw records of ``table`` (its id) each agent (node id) has on ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "unused",
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        pending, counts = set(partitions), collections.Counter[str]()
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.5):
+                if message.error() is not None:
+                    pending.discard(message.partition())
+                elif message.key().startswith(table):
+                    counts[RawRecord.decode(message.value()).node_id] += 1
+        return counts
+    finally:
+        consumer.close()
+
+
+def table_id(session: Any, keyspace: str, table: str) -> bytes:
+    """A table's id (16 bytes, as raw records' keys start) from ``system_schema``."""
+    row = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
+                          (keyspace, table)).one()
+    return row.id.bytes
+
+
 def topic_exists(bootstrap_servers: str, topic: str) -> bool:
     return topic in AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=10).topics
 
@@ -134,15 +178,18 @@ def wait_for(condition: Any, what: str, timeout: float, children: list[ChildProc
 
 class System:
     """The agents and the pipeline of logical cluster ``server``, as processes, and how to restart them.
-    ``tables``: the agents' ``tables.include`` patterns (none: every CDC table)."""
+    ``tables``: the agents' ``tables.include`` patterns (none: every CDC table); ``schema_file``: where the
+    agents read the schema (none: by CQL from their node)."""
 
-    def __init__(self, root: Path, cluster: Any, kafka: Any, server: str, tables: list[str] = ()) -> None:
+    def __init__(self, root: Path, cluster: Any, kafka: Any, server: str, tables: list[str] = (),
+                 schema_file: Path | None = None) -> None:
         self.agents = []
         for node in cluster.nodes:
+            schema = ({"file": str(schema_file)} if schema_file is not None else
+                      {"cassandra": {"contact_points": [node.address], "port": node.native_port}})
             config = write_yaml(root / f"agent-{node.address}.yaml", {
                 "server": server, "node_id": node.address, "cdc_raw": str(node.cdc_raw_dir),
-                "state_dir": str(root / f"agent-state-{node.address}"),
-                "schema": {"cassandra": {"contact_points": [node.address], "port": node.native_port}},
+                "state_dir": str(root / f"agent-state-{node.address}"), "schema": schema,
                 "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "raw_topic_partitions": 3},
                 "metrics": {"port": 0}, "poll_interval_ms": 200, "tables": {"include": list(tables)}})
             self.agents.append(ChildProcess(f"agent {node.address}", ["agent", "--config", str(config)],
@@ -155,6 +202,12 @@ class System:
         self.pipeline = ChildProcess("pipeline", ["pipeline", "--config", str(self.pipeline_config)],
                                      root / "pipeline.log",
                                      ready_marker="pipeline running")
+
+    def start_agents(self) -> None:
+        """Start every agent and wait until each tails its node's cdc_raw."""
+        for agent in self.agents:
+            agent.start()
+        wait_for(lambda: all(a.ready for a in self.agents), "the agents", 120, self.children)
 
     @property
     def children(self) -> list[ChildProcess]:

@@ -20,14 +20,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from cassandra import ConsistencyLevel
-from cassandra.cluster import EXEC_PROFILE_DEFAULT
-from confluent_kafka import Consumer, TopicPartition
 
 from cassandra_cdc.demo.processes import ChildProcess
-from cassandra_cdc.kafka.raw_records import RawRecord
 from conftest import REAL_CASSANDRA_FORMATS
-from real_system import System, consume_events, differences_of, table_rows, topic_exists, wait_for
+from real_system import (System, consume_events, differences_of, records_by_node, session_at_all, table_id,
+                         table_rows, topic_exists, wait_for)
 
 KEYSPACE = "real_snapshot"
 SERVER = "realsnap"
@@ -113,32 +110,6 @@ def live_statements() -> list[str]:
     return statements
 
 
-def table_id(session: Any, table: str) -> bytes:
-    row = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
-                          (KEYSPACE, table)).one()
-    return row.id.bytes
-
-
-def nodes_that_published(bootstrap_servers: str, topic: str, table: bytes) -> set[str]:
-    """The agents (node ids) whose raw records of ``table`` are on ``topic``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "unused",
-                         "enable.partition.eof": True, "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        pending, nodes = set(partitions), set()
-        deadline = time.monotonic() + 60
-        while pending and time.monotonic() < deadline:
-            for message in consumer.consume(1000, timeout=0.5):
-                if message.error() is not None:
-                    pending.discard(message.partition())
-                elif message.key().startswith(table):
-                    nodes.add(RawRecord.decode(message.value()).node_id)
-        return nodes
-    finally:
-        consumer.close()
-
-
 def snapshot_directories(cluster: Any, table: str) -> dict[str, Path]:
     """Each node's snapshot of ``table``, by node address."""
     directories = {}
@@ -184,23 +155,16 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
     root = tmp_path_factory.mktemp("real-bootstrap")
     system = System(root, real_cassandra, real_kafka, SERVER, tables=[f"{KEYSPACE}.*"])
     topic = f"{SERVER}.{T}"
-    with real_cassandra.driver() as driver:
-        session = driver.connect()
-        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.ALL
-        for cql in SCHEMA:
-            session.execute(cql)
-        assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+    with session_at_all(real_cassandra, SCHEMA) as session:
         try:
-            for agent in system.agents:
-                agent.start()
-            wait_for(lambda: all(a.ready for a in system.agents), "the agents", 120, system.children)
+            system.start_agents()
             for statement in snapshot_statements():
                 session.execute(statement)
             session.execute(f"INSERT INTO {KEYSPACE}.marker (id) VALUES (1)")
-            marker = table_id(session, "marker")
+            marker = table_id(session, KEYSPACE, "marker")
             raw_topic = f"{SERVER}.raw"
             wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, raw_topic)
-                     and nodes_that_published(real_kafka.bootstrap_servers, raw_topic, marker)
+                     and set(records_by_node(real_kafka.bootstrap_servers, raw_topic, marker))
                      == set(real_cassandra.contact_points),
                      "every agent to read past the snapshot's rows", 120, system.children)
             system.pipeline.start()
@@ -209,7 +173,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
                 node.nodetool("snapshot", "-t", SNAPSHOT_TAG, "-cf", TABLE, KEYSPACE)
             snapshots = snapshot_directories(real_cassandra, TABLE)
             session.execute(f"ALTER TABLE {T} WITH cdc = true")
-            assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+            assert session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
             wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
             bootstrap = ChildProcess("bootstrap", [
                 "bootstrap", "--config", str(system.pipeline_config), "--table", T, "--no-progress",

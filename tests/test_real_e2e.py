@@ -20,10 +20,10 @@ import uuid
 from typing import Any
 
 import pytest
-from cassandra import ConsistencyLevel, util
-from cassandra.cluster import EXEC_PROFILE_DEFAULT
+from cassandra import util
 
-from real_system import System, consume_events, differences_of, table_rows, topic_exists, wait_for
+from real_system import (System, consume_events, differences_of, session_at_all, table_rows, topic_exists,
+                         wait_for)
 
 KEYSPACE = "real_e2e"
 SERVER = "reale2e"
@@ -165,17 +165,10 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
     started = time.monotonic()
     timings: dict[str, float] = {}
     system = System(tmp_path_factory.mktemp("real-e2e"), real_cassandra, real_kafka, SERVER)
-    with real_cassandra.driver() as driver:
-        session = driver.connect()
-        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.ALL
-        for cql in SCHEMA:
-            session.execute(cql)
-        assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+    with session_at_all(real_cassandra, SCHEMA) as session:
         write = Workload(session)
         try:
-            for agent in system.agents:
-                agent.start()
-            wait_for(lambda: all(a.ready for a in system.agents), "the agents", 120, system.children)
+            system.start_agents()
             write.rows_table(0, 6)
             wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{SERVER}.raw"), "the raw topic", 60,
                      system.children)
@@ -203,7 +196,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             session.execute(f"ALTER TABLE {KEYSPACE}.rows ADD added int")
             session.execute(f"ALTER TABLE {KEYSPACE}.rows DROP gone")
             session.execute(LATE_TABLE)
-            assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+            assert session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
             write(f"UPDATE {KEYSPACE}.rows SET added = 7 WHERE pk = 3 AND ck = 0")
             write(f"INSERT INTO {KEYSPACE}.rows (pk, ck, v, added) VALUES (500, 0, 'after alter', 8)")
             write.late(0, 5)
