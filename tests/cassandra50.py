@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from cassandra_cdc.localcluster import CassandraCluster, artifacts
+from cassandra_cdc.localcluster import CassandraCluster, artifacts, sstable_format
 # The JVM options nodetool runs with are the ones sstabledump needs (Java 17 module access, small JVM).
 from cassandra_cdc.localcluster.cassandra import JAVA17_ACCESS, SMALL_JVM
 
@@ -348,16 +348,16 @@ def generate(out: Path, work: Path, progress: Callable[[str], None] = print) -> 
     dump_conf = work / "sstabledump-conf"
     dumps = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        for phase, (keyspace, sstable_format, compressions, commitlog_settings) in PHASES.items():
+        for phase, (keyspace, phase_format, compressions, commitlog_settings) in PHASES.items():
             settings = {**COMMON_SETTINGS, **commitlog_settings(keystore),
-                        "sstable": {"selected_format": sstable_format or "bti"}}
+                        **sstable_format(phase_format or "bti")}
             phase_out = out / phase
             phase_out.mkdir()
             with CassandraCluster(work, nodes=1, config=settings, progress=progress) as cluster:
                 node = cluster.nodes[0]
                 _run_phase(node, cluster.driver, keyspace, compressions, phase_out)
                 node.nodetool("flush", keyspace)
-                if sstable_format:
+                if phase_format:
                     if not dump_conf.exists():
                         shutil.copytree(node.directory / "conf", dump_conf)
                     dumps += [pool.submit(sstabledump, dump_conf, data)

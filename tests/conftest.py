@@ -140,14 +140,20 @@ def real_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         close_kafka_clients_kept()
 
 
+# The SSTable format each node of ``real_cassandra`` writes.
+REAL_CASSANDRA_FORMATS = ("big", "big", "bti")
+
+
 @pytest.fixture(scope="session")
 def real_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Three real Cassandra 5.0 nodes with CDC (127.0.0.1-3) for the whole run; tests use their own
-    keyspaces."""
+    keyspaces. The first two write SSTables in the ``big`` format, the third in ``bti``: one cluster's
+    snapshots hold both formats Cassandra 5.0 writes."""
     require_jvm_artifacts()
-    from cassandra_cdc.localcluster import CassandraCluster
+    from cassandra_cdc.localcluster import CassandraCluster, sstable_format
 
-    with CassandraCluster(tmp_path_factory.mktemp("real-cassandra"), nodes=3) as running:
+    with CassandraCluster(tmp_path_factory.mktemp("real-cassandra"), nodes=3,
+                          node_configs=[sstable_format(f) for f in REAL_CASSANDRA_FORMATS]) as running:
         yield running
 
 

@@ -28,39 +28,111 @@ broker, harness = agent_harness.broker, agent_harness.harness  # fixtures: a bro
 # --- damage, unknown tables ---------------------------------------------------------------------------------
 
 
-def test_unknown_tables_are_skipped_until_the_schema_has_them(harness: MakeHarness,
-                                                              monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
-    """A table id missing from the schema: its mutations are skipped (counted, logged once); once the schema
-    file has the table, its later mutations are published, with its schema record first."""
+# ks.late as a real CREATE TABLE makes it: with a time-based id (a system table's is name-based).
+CREATED_LATE_CQL = LATE_CQL.replace("WITH cdc = true",
+                                    "WITH ID = 5a1c0e00-e844-11f1-8a5e-4f0f66fd55a8 AND cdc = true")
+CREATED_LATE_SCHEMA = parse_schema(SCHEMA_CQL + CREATED_LATE_CQL)
+
+
+def test_unknown_tables_are_skipped_once_waited_for_until_the_schema_has_them(
+        harness: MakeHarness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A table id missing from the schema for longer than unknown_table_wait_seconds: its mutations are
+    skipped (counted; a warning when the wait starts, an error when it ends); once the schema file has
+    the table, its later mutations are published, with its schema record first."""
     monkeypatch.setattr(tables_module, "RELOAD_INTERVAL_SECONDS", 0.0)
     caplog.set_level(logging.INFO, logger="cassandra_cdc")
-    h = harness(node_schema=NODE_SCHEMA, published={"ks.users", "ks.late"})
-    late = NODE_SCHEMA.table("ks", "late")
+    h = harness(node_schema=CREATED_LATE_SCHEMA, published={"ks.users", "ks.late"})
+    late = CREATED_LATE_SCHEMA.table("ks", "late")
     h.insert("ks.users", id=1, name="before")
     skipped = [h.insert("ks.late", id=1, v="unknown"), h.insert("ks.late", id=2, v="unknown")]
     h.insert("ks.users", id=2, name="after")
     h.node.sync()
     for segment, position in skipped:
         del h.expected[(segment, position, late.id)]
-    with running(h.config()) as agent:
+    with running(h.config(unknown_table_wait_seconds=0.5)) as agent:
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "the known table's changes")
         assert metric(agent, "cassandra_cdc_agent_mutations_skipped_total") == 2
-        warnings = [r for r in caplog.records if str(late.id) in r.getMessage()]
-        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
-        h.schema_file.write_text(SCHEMA_CQL + LATE_CQL)  # the schema now has it
+        logged = [r.levelno for r in caplog.records if str(late.id) in r.getMessage()]
+        assert logged == [logging.WARNING, logging.ERROR]
+        h.schema_file.write_text(SCHEMA_CQL + CREATED_LATE_CQL)  # the schema now has it
         h.insert("ks.late", id=3, v="known")
         h.node.sync()
         raw.wait_for(lambda: raw.has_all(h.expected), "the new table's change")
         h.node.close()
         wait_until(lambda: not h.segment_files(), "the segment published and deleted")
         raw.poll(0.2)
-    assert_published_exactly(raw, h.expected, schema=NODE_SCHEMA)
+    assert_published_exactly(raw, h.expected, schema=CREATED_LATE_SCHEMA)
     schemas = h.reader(h.server)
     schemas.wait_for(lambda: len(schemas.messages) >= 2, "schema records")
     assert {m.key() for m in schemas.messages} == {b"ks.users", b"ks.late"}
     schemas.close()
+    raw.close()
+
+
+def test_a_table_the_schema_gets_late_loses_no_mutation(harness: MakeHarness,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A table created since the schema was loaded, its schema given to the agent only after its first
+    mutations were read: reading waits at the first one (nothing after it is published meanwhile) and,
+    once the schema has the table, every mutation of it is published, none skipped."""
+    caplog.set_level(logging.INFO, logger="cassandra_cdc")
+    h = harness(node_schema=CREATED_LATE_SCHEMA, published={"ks.users", "ks.late"})
+    before = h.insert("ks.users", id=1, name="before")
+    first_late = h.insert("ks.late", id=1, v="new table")
+    h.insert("ks.late", id=2, v="new table")
+    after = h.insert("ks.users", id=2, name="after")
+    h.node.sync()
+    late = CREATED_LATE_SCHEMA.table("ks", "late")
+    with running(h.config(unknown_table_wait_seconds=120)) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: any(key[:2] == before for key in raw.arrival), "the change before the new table's")
+        time.sleep(1.5)  # the agent meets the new table's mutation and reloads the schema, still without it
+        raw.poll(0.5)
+        assert not any(key[:2] in (first_late, after) for key in raw.arrival), "read past the unknown table"
+        waiting = [r.getMessage() for r in caplog.records if "reading waits there" in r.getMessage()]
+        assert len(waiting) == 1 and str(late.id) in waiting[0] and f"-{first_late[0]}.log offset " in waiting[0]
+        h.schema_file.write_text(SCHEMA_CQL + CREATED_LATE_CQL)
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change, the new table's included")
+        assert metric(agent, "cassandra_cdc_agent_mutations_skipped_total") == 0
+    assert_published_exactly(raw, h.expected, schema=CREATED_LATE_SCHEMA)
+    raw.close()
+
+
+def test_a_system_table_the_schema_file_leaves_out_is_skipped_without_waiting(harness: MakeHarness) -> None:
+    """Cassandra's own tables (system.local, system.batches, ...) have ids made from their names; a schema
+    file of the user's keyspaces leaves them out: their mutations are skipped at once, not waited for."""
+    h = harness(node_schema=NODE_SCHEMA, published={"ks.users", "ks.late"})  # ks.late: a name-based id
+    h.insert("ks.users", id=1, name="before")
+    skipped = h.insert("ks.late", id=1, v="system table")
+    h.insert("ks.users", id=2, name="after")
+    h.node.sync()
+    del h.expected[(*skipped, NODE_SCHEMA.table("ks", "late").id)]
+    with running(h.config(unknown_table_wait_seconds=120)) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes around it", timeout=30)
+        assert metric(agent, "cassandra_cdc_agent_mutations_skipped_total") == 1
+    raw.close()
+
+
+def test_an_agent_stopped_while_it_waits_for_a_table_reads_its_mutations_after_the_restart(
+        harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """Stopped while a mutation of an unknown table holds reading back: its position is not passed, so the
+    restarted agent, whose schema has the table, publishes it."""
+    caplog.set_level(logging.INFO, logger="cassandra_cdc")
+    h = harness(node_schema=CREATED_LATE_SCHEMA, published={"ks.users", "ks.late"})
+    before = h.insert("ks.users", id=0, name="before")
+    h.insert("ks.late", id=1, v="new table")
+    h.insert("ks.users", id=1, name="after")
+    h.node.sync()
+    with running(h.config(unknown_table_wait_seconds=120)):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: any(key[:2] == before for key in raw.arrival), "the change before the new table's")
+        time.sleep(1.0)  # the agent meets the new table's mutation
+    h.schema_file.write_text(SCHEMA_CQL + CREATED_LATE_CQL)
+    with running(h.config(unknown_table_wait_seconds=120)) as agent:
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change, the new table's included")
+        assert metric(agent, "cassandra_cdc_agent_mutations_skipped_total") == 0
+    assert_published_exactly(raw, h.expected, schema=CREATED_LATE_SCHEMA)
     raw.close()
 
 

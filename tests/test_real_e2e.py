@@ -11,26 +11,19 @@ replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import decimal
 import json
 import signal
-import struct
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from cassandra import ConsistencyLevel, util
-from cassandra.cluster import EXEC_PROFILE_DEFAULT
-from confluent_kafka import Consumer, KafkaError, TopicPartition
-from confluent_kafka.admin import AdminClient
+from cassandra import util
 
-from cassandra_cdc.demo.processes import ChildProcess
-from cassandra_cdc.demo.table_check import compare_rows, replay
+from real_system import (System, consume_events, differences_of, session_at_all, table_rows, topic_exists,
+                         wait_for)
 
 KEYSPACE = "real_e2e"
 SERVER = "reale2e"
@@ -166,166 +159,16 @@ class Workload:
             self(f"UPDATE {KEYSPACE}.late SET v = %s WHERE id = %s AND ck = 'b'", -i, i)
 
 
-def event_shape(value: Any) -> Any:
-    """A value as the driver decodes it, in the shape a JSON event carries it (docs/events.md)."""
-    if value is None or isinstance(value, (bool, int, str, float)):
-        return value
-    if isinstance(value, decimal.Decimal | uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, datetime.datetime):
-        return round(value.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)
-    if isinstance(value, util.Date):
-        return value.days_from_epoch
-    if isinstance(value, util.Time):
-        return value.nanosecond_time
-    if isinstance(value, util.Duration):
-        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
-    if hasattr(value, "_fields"):  # a user type
-        return {name: event_shape(getattr(value, name)) for name in value._fields}
-    if isinstance(value, tuple):
-        return {f"field{i + 1}": event_shape(v) for i, v in enumerate(value)}
-    if hasattr(value, "items"):
-        return {k: event_shape(v) for k, v in value.items()}
-    return [event_shape(v) for v in value]
-
-
-def float32_shape(value: float) -> float:
-    """A ``float`` column's value with the fewest digits that give back the same 32-bit float, as Java's
-    ``Float.toString`` prints it (the driver widens it to the nearest double)."""
-    single = struct.pack(">f", value)
-    for digits in range(1, 10):
-        shortest = float(f"{value:.{digits}g}")
-        if struct.pack(">f", shortest) == single:
-            return shortest
-    return value
-
-
-def column_shape(cql_type: str, value: Any) -> Any:
-    """``event_shape`` for a column of ``cql_type``, where the driver's value alone does not say it."""
-    if value is None:
-        return None
-    if cql_type == "varint":
-        return str(value)
-    if cql_type == "float":
-        return float32_shape(value)
-    if cql_type.startswith("vector<float"):
-        return [float32_shape(v) for v in value]
-    return event_shape(value)
-
-
-def table_rows(session: Any, table: str) -> tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]:
-    """``SELECT *`` at CONSISTENCY ALL in event shapes, by primary key; also the columns."""
-    metadata = session.cluster.metadata.keyspaces[KEYSPACE].tables[table]
-    key_columns = [c.name for c in metadata.primary_key]
-    result = session.execute(f"SELECT * FROM {KEYSPACE}.{table}")
-    rows = {}
-    for row in result:
-        shaped = {name: column_shape(metadata.columns[name].cql_type, v) for name, v in row._asdict().items()}
-        rows[tuple(shaped[c] for c in key_columns)] = shaped
-    return list(result.column_names), rows
-
-
-def consume_events(bootstrap_servers: str, topics: list[str]) -> dict[str, list[dict[str, Any]]]:
-    """Every event payload of ``topics`` (read_committed), by topic, in each partition's order."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"check-{uuid.uuid4()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": True})
-    events: dict[str, list[dict[str, Any]]] = {topic: [] for topic in topics}
-    try:
-        metadata = consumer.list_topics(timeout=10).topics
-        assignments = [TopicPartition(topic, p, 0) for topic in topics if topic in metadata
-                       for p in metadata[topic].partitions]
-        if not assignments:
-            return events
-        consumer.assign(assignments)
-        # Under read_committed, the end of a partition (EOF) is its last stable offset.
-        pending = {(tp.topic, tp.partition) for tp in assignments}
-        deadline = time.monotonic() + 60
-        while pending and time.monotonic() < deadline:
-            for message in consumer.consume(1000, timeout=0.5):
-                if message.error() is not None:
-                    assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-                    pending.discard((message.topic(), message.partition()))
-                elif message.value() is not None:
-                    events[message.topic()].append(json.loads(message.value())["payload"])
-        assert not pending, f"not read to their end: {pending}"
-        return events
-    finally:
-        consumer.close()
-
-
-def topic_exists(bootstrap_servers: str, topic: str) -> bool:
-    with AdminClient({"bootstrap.servers": bootstrap_servers}) as admin:
-        return topic in admin.list_topics(timeout=10).topics
-
-
-def write_yaml(path: Path, settings: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump(settings, sort_keys=False))
-    return path
-
-
-def wait_for(condition: Any, what: str, timeout: float, children: list[ChildProcess]) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        for child in children:
-            assert child.exit_code is None, f"{child.name} exited: {child.log_tail(30)}"
-        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
-        time.sleep(0.3)
-
-
-class System:
-    """The agents and the pipeline, as processes, and how to restart them."""
-
-    def __init__(self, root: Path, cluster: Any, kafka: Any) -> None:
-        self.agents = []
-        for node in cluster.nodes:
-            config = write_yaml(root / f"agent-{node.address}.yaml", {
-                "server": SERVER, "node_id": node.address, "cdc_raw": str(node.cdc_raw_dir),
-                "state_dir": str(root / f"agent-state-{node.address}"),
-                "schema": {"cassandra": {"contact_points": [node.address], "port": node.native_port}},
-                "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "raw_topic_partitions": 3},
-                "metrics": {"port": 0}, "poll_interval_ms": 200})
-            self.agents.append(ChildProcess(f"agent {node.address}", ["agent", "--config", str(config)],
-                                            root / f"agent-{node.address}.log", ready_marker="tailing"))
-        config = write_yaml(root / "pipeline.yaml", {
-            "server": SERVER, "checkpoint": str(root / "checkpoint"),
-            "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "max_offsets_per_trigger": 5000,
-                      "events_topic_partitions": 2},
-            "spark": {"master": "local[2]", "shuffle_partitions": 2, "trigger_interval": "500 milliseconds"}})
-        self.pipeline = ChildProcess("pipeline", ["pipeline", "--config", str(config)], root / "pipeline.log",
-                                     ready_marker="pipeline running")
-
-    @property
-    def children(self) -> list[ChildProcess]:
-        return [*self.agents, self.pipeline]
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {child.name}\n{child.log_tail(15)}" for child in self.children)
-
-    def stop(self) -> None:
-        for child in self.children:
-            child.stop()
-
-
 @pytest.fixture(scope="module")
 def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """Run the system through the workload and restarts; the events per topic and the tables' rows."""
     started = time.monotonic()
     timings: dict[str, float] = {}
-    system = System(tmp_path_factory.mktemp("real-e2e"), real_cassandra, real_kafka)
-    with real_cassandra.driver() as driver:
-        session = driver.connect()
-        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.ALL
-        for cql in SCHEMA:
-            session.execute(cql)
-        assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+    system = System(tmp_path_factory.mktemp("real-e2e"), real_cassandra, real_kafka, SERVER)
+    with session_at_all(real_cassandra, SCHEMA) as session:
         write = Workload(session)
         try:
-            for agent in system.agents:
-                agent.start()
-            wait_for(lambda: all(a.ready for a in system.agents), "the agents", 120, system.children)
+            system.start_agents()
             write.rows_table(0, 6)
             wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{SERVER}.raw"), "the raw topic", 60,
                      system.children)
@@ -353,7 +196,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             session.execute(f"ALTER TABLE {KEYSPACE}.rows ADD added int")
             session.execute(f"ALTER TABLE {KEYSPACE}.rows DROP gone")
             session.execute(LATE_TABLE)
-            assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+            assert session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
             write(f"UPDATE {KEYSPACE}.rows SET added = 7 WHERE pk = 3 AND ck = 0")
             write(f"INSERT INTO {KEYSPACE}.rows (pk, ck, v, added) VALUES (500, 0, 'after alter', 8)")
             write.late(0, 5)
@@ -362,12 +205,13 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             timings["written"] = time.monotonic() - started
             time.sleep(SHORT_TTL + 2)  # every TTL has passed
             topics = {table: f"{SERVER}.{KEYSPACE}.{table}" for table in [*CDC_TABLES, "plain"]}
-            tables = {table: table_rows(session, table) for table in CDC_TABLES}
+            tables = {table: table_rows(session, KEYSPACE, table) for table in CDC_TABLES}
             deadline = time.monotonic() + CONVERGE_TIMEOUT
             while True:
                 events = consume_events(real_kafka.bootstrap_servers, list(topics.values()))
-                differences = {table: differences_of(events[topics[table]], session, table, tables[table])
-                               for table in CDC_TABLES}
+                differences = {
+                    table: differences_of(events[topics[table]], session, KEYSPACE, table, tables[table])
+                    for table in CDC_TABLES}
                 if not any(differences.values()) or time.monotonic() > deadline:
                     break
                 for child in system.children:
@@ -380,14 +224,6 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
     print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
     return {"events": {table: events[topic] for table, topic in topics.items()}, "differences": differences,
             "tables": tables, "plain_topic": plain_exists, "logs": system.logs()}
-
-
-def differences_of(events: list[dict[str, Any]], session: Any, table: str,
-                   selected: tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]) -> list[str]:
-    columns, expected = selected
-    key_columns = [c.name for c in session.cluster.metadata.keyspaces[KEYSPACE].tables[table].primary_key]
-    got = replay((("t", e) for e in events), "t", key_columns)
-    return compare_rows(got, expected, columns)
 
 
 @pytest.mark.parametrize("table", CDC_TABLES)

@@ -160,6 +160,10 @@ class AgentConfig(ServerTopics, _Section):
     stale_segment_seconds: float = Field(
         60.0, gt=0, description="A segment never COMPLETED (node crash) is read to its end once a newer segment "
                                 "has data and it has not changed for this long.")
+    unknown_table_wait_seconds: float = Field(
+        60.0, ge=0, description="A mutation of a table the schema does not know holds reading back while "
+                                "the schema is reloaded, for up to this long, before it is skipped as "
+                                "Cassandra skips a dropped table's.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -4,6 +4,13 @@ Table metadata comes from a CQL file or from the cluster's ``system_schema``, an
 mutation names a table id the agent does not know (a table created since it started), when the schema
 file changes, and when the node logs a schema change (a mutation of ``system_schema``, which every
 ``CREATE``/``ALTER``/``DROP`` writes to the commit log before any data that uses the new definition).
+
+A user table's id the schema does not know is either a table created since the schema was loaded (its
+schema may reach the agent late: a reload that failed, a schema file not updated yet) or a dropped one,
+which the schema cannot tell apart. Its mutation holds reading back while the schema is reloaded
+(:meth:`TableRegistry.await_table`), for up to ``unknown_table_wait_seconds``; only then are its
+mutations skipped, as Cassandra skips a dropped table's. A system table a schema file leaves out is
+skipped at once.
 """
 
 from __future__ import annotations
@@ -20,8 +27,11 @@ from .agent_config import AgentConfig, CassandraSchemaSource, ConfigError
 
 log = logging.getLogger(__name__)
 
-# A table id nobody knows is looked up again at most this often.
+# A table id given up on (unknown for longer than unknown_table_wait_seconds) is looked up again at most this
+# often.
 RELOAD_INTERVAL_SECONDS = 10.0
+# While a mutation of an unknown table holds reading back, the schema is reloaded this often.
+AWAIT_RELOAD_SECONDS = 1.0
 # A changed schema file is read once it has stayed unchanged this long: an editor or a copy may still be
 # writing it, and a half-written file could parse into a schema that lacks tables.
 SETTLE_SECONDS = 0.5
@@ -34,6 +44,8 @@ class TableRegistry:
         self._loaded_at = 0.0
         self._changed: tuple[tuple[int, int] | None, float] | None = None  # (new stamp, first seen at)
         self._unknown_logged: set[uuid.UUID] = set()
+        # Ids still unknown after unknown_table_wait_seconds: their mutations are skipped without waiting.
+        self._given_up: set[uuid.UUID] = set()
         # Per table id (its 16 bytes), for the schema loaded: what the per-record path needs of the table.
         self._routes: dict[bytes, Route] = {}
         self.schema = Schema()
@@ -103,12 +115,50 @@ class TableRegistry:
                         "until the schema has it", table_id)
         return table
 
+    def await_table(self, table_id: uuid.UUID, where: str,
+                    pause: Callable[[float], bool]) -> TableMetadata | None:
+        """The table with this id, for a mutation at ``where`` (segment and offset) that names it: when the
+        schema does not have it, reload the schema every ``AWAIT_RELOAD_SECONDS`` until it does, for up to
+        ``unknown_table_wait_seconds``. ``pause(seconds)`` waits between reloads and returns True when the
+        agent stops (then None: the mutation is read again after the restart). None as well for a table
+        given up on: its mutations are skipped."""
+        table = self.schema.table_by_id(table_id)
+        if table is not None:
+            return table
+        # Cassandra gives the tables CREATE TABLE makes time-based ids (version 1), its own tables ids made
+        # from their names (version 3): those of system tables a schema file leaves out are never waited for.
+        if table_id.version != 1 or table_id in self._given_up:
+            return self.lookup(table_id)
+        wait = self._config.unknown_table_wait_seconds
+        log.warning("%s: a mutation of table id %s, which the schema does not have: reading waits there "
+                    "while the schema is reloaded, for up to %.0f s (unknown_table_wait_seconds)",
+                    where, table_id, wait)
+        deadline = time.monotonic() + wait
+        while True:
+            self._reload_or_keep()
+            table = self.schema.table_by_id(table_id)
+            if table is not None:
+                log.info("table id %s is %s: reading goes on", table_id, table.qualified_name)
+                return table
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if pause(min(AWAIT_RELOAD_SECONDS, remaining)):
+                return None
+        self._given_up.add(table_id)
+        self._unknown_logged.add(table_id)
+        log.error("%s: table id %s is still unknown after %.0f s: its mutations are skipped, as Cassandra "
+                  "skips a dropped table's (if the table exists, give the agent its schema and raise "
+                  "unknown_table_wait_seconds)", where, table_id, wait)
+        return None
+
 
     def route(self, table_id: bytes) -> Route | None:
-        """The table of an update, by its id bytes; None for a table the schema does not know."""
+        """The table of an update, by its id bytes; None for a table the schema does not know (then see
+        ``await_table``)."""
         route = self._routes.get(table_id)
         if route is None:
-            table = self.lookup(uuid.UUID(bytes=table_id))
+            table = self.schema.table_by_id(uuid.UUID(bytes=table_id))
             if table is None:
                 return None
             route = self._routes[table_id] = Route(table, self.is_published(table))

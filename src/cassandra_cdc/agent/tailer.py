@@ -15,7 +15,10 @@ import logging
 import signal
 import threading
 import time
+import uuid
 from collections import defaultdict
+from functools import partial
+from typing import cast
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -336,27 +339,14 @@ class Agent:
     def _publish_entry(self, progress: SegmentProgress, version: int, entry: Entry) -> bool:
         """Send the records of an entry's updates. False if stopped before all were queued: the entry is read
         again after the restart."""
-        try:
-            updates = split_partition_updates(entry.body, self.tables.schema, version)
-        except UnknownTableError as error:
-            if self.tables.lookup(error.table_id) is None:
-                self.metrics.skipped.inc()
-                return True
-            updates = split_partition_updates(entry.body, self.tables.schema, version)
-        except MutationDecodeError as error:
-            return self._dead_letter(progress, Damage(str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION,
-                                                      str(error), entry.section_offset, entry.section, entry.start,
-                                                      entry.body))
-        routes = []
-        for update in updates:
-            route = self.tables.route(update[:16])
-            if route is None:
-                self.metrics.skipped.inc()  # Cassandra drops the whole mutation
-                return True
+        routed = self._routed_updates(progress, version, entry)
+        if isinstance(routed, bool):
+            return routed
+        routes, updates = routed
+        for route in routes:
             self.metrics.mutations_read[route.name] += 1
             if route.published and not route.schema_published and not self._publish_schema(route):
                 return False
-            routes.append(route)
         if any(route.schema_change for route in routes):  # once for the several system_schema tables of a DDL
             self.tables.schema_changed()
         segment_id = progress.segment.segment_id
@@ -366,6 +356,45 @@ class Agent:
                 if not self.deliveries.send(self._raw_topic, key, value, self._while_blocked):
                     return False
                 self._sent[route.name] += 1
+        return True
+
+    def _routed_updates(self, progress: SegmentProgress, version: int,
+                        entry: Entry) -> tuple[list[Route], list[bytes]] | bool:
+        """An entry's partition updates and their tables' routes, once the schema has each of their tables
+        (waiting for it, see ``TableRegistry.await_table``); else True to go on past the entry (a dropped
+        table's mutation skipped, an undecodable one dead-lettered), or False when stopped (the entry is read
+        again after the restart)."""
+        while True:
+            try:
+                updates = split_partition_updates(entry.body, self.tables.schema, version)
+            except UnknownTableError as error:
+                unknown = error.table_id
+            except MutationDecodeError as error:
+                return self._dead_letter(progress, Damage(
+                    str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION, str(error),
+                    entry.section_offset, entry.section, entry.start, entry.body))
+            else:
+                routes = [self.tables.route(update[:16]) for update in updates]
+                if None not in routes:
+                    return cast(list[Route], routes), updates
+                unknown = uuid.UUID(bytes=updates[routes.index(None)][:16])
+            where = f"{progress.segment.path.name} offset {entry.start}"
+            if self.tables.await_table(unknown, where, partial(self._pause, progress)) is None:
+                if self._stopping.is_set():
+                    return False
+                self.metrics.skipped.inc()  # Cassandra drops the whole mutation
+                return True
+
+    def _pause(self, progress: SegmentProgress, seconds: float) -> bool:
+        """Wait ``seconds`` in the middle of reading ``progress``'s segment, keeping the bookkeeping going;
+        True when stopping. What was read before reaches Kafka and is acknowledged meanwhile."""
+        self.deliveries.seal(self._while_blocked)
+        self._checkpoint(progress)
+        deadline = time.monotonic() + seconds
+        while not self._stopping.wait(min(0.1, max(0.0, deadline - time.monotonic()))):
+            self._housekeeping()
+            if time.monotonic() >= deadline:
+                return False
         return True
 
     def _publish_schema(self, route: Route) -> bool:

@@ -7,10 +7,10 @@ one KRaft-mode Kafka broker, :class:`SparkStandaloneCluster` a Spark master and 
 """
 
 from .artifacts import MissingArtifacts, missing_reason
-from .cassandra import CassandraCluster, CassandraNode
+from .cassandra import CassandraCluster, CassandraNode, sstable_format
 from .kafka import KafkaBroker
 from .process import JvmError
 from .spark import SparkStandaloneCluster, SparkWorker
 
 __all__ = ["CassandraCluster", "CassandraNode", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "SparkStandaloneCluster", "SparkWorker", "missing_reason"]
+           "SparkStandaloneCluster", "SparkWorker", "missing_reason", "sstable_format"]

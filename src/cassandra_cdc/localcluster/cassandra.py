@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import yaml
 
@@ -83,6 +83,15 @@ _LOGBACK_TOOLS = """<configuration scan="false">
 """
 
 _MURMUR3_MIN = -(1 << 63)
+
+
+def sstable_format(name: str) -> dict[str, Any]:
+    """The ``cassandra.yaml`` setting that makes a 5.0 node write new SSTables in format ``name``: ``big``
+    (``nb-*-big-Data.db`` with ``Index.db``) or ``bti`` (``da-*-bti-Data.db`` with ``Partitions.db`` and
+    ``Rows.db``)."""
+    if name not in ("big", "bti"):
+        raise ValueError(f"SSTable format {name!r}: Cassandra 5.0 writes 'big' or 'bti'")
+    return {"sstable": {"selected_format": name}}
 
 
 def evenly_spaced_tokens(nodes: int) -> list[int]:
@@ -173,15 +182,20 @@ class CassandraCluster(JvmCluster):
     """``nodes`` real Cassandra nodes under ``work_dir``; a context manager that starts and stops them.
 
     ``heap`` is each node's -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the
-    same for every node); ``progress`` gets one line per node started or stopped.
+    same for every node), ``node_configs`` those of each node in turn (after ``config``; fewer entries
+    than nodes leave the others as they are), e.g. ``[{}, {}, sstable_format("bti")]``; ``progress`` gets
+    one line per node started or stopped.
     """
 
     def __init__(self, work_dir: str | Path, nodes: int = 3, *, heap: str = "512m",
                  cluster_name: str = "cdc-test", config: Mapping[str, Any] | None = None,
+                 node_configs: Sequence[Mapping[str, Any]] = (),
                  progress: Callable[[str], None] | None = None,
                  startup_timeout: float = 180.0) -> None:
         if not 1 <= nodes <= 254:
             raise ValueError(f"nodes must be 1 to 254 (one loopback address each), not {nodes}")
+        if len(node_configs) > nodes:
+            raise ValueError(f"{len(node_configs)} node_configs for {nodes} nodes")
         self.work_dir = Path(work_dir).resolve()
         self.native_port = free_port()
         self.storage_port = free_port()
@@ -193,6 +207,7 @@ class CassandraCluster(JvmCluster):
             directory = self.work_dir / f"node{index + 1}"
             settings = self._node_config(cluster_name, f"127.0.0.{index + 1}", directory, tokens[index])
             settings.update(config or {})
+            settings.update(node_configs[index] if index < len(node_configs) else {})
             self.nodes.append(CassandraNode(index, directory, settings, free_port(), heap))
 
     def _node_config(self, cluster_name: str, address: str, directory: Path, token: int) -> dict[str, Any]:

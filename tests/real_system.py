@@ -1,0 +1,231 @@
+"""The real system in tests: the agents (one per node of ``real_cassandra``) and the pipeline as
+``cassandra-cdc`` processes on real Kafka, and what their events replay to beside ``SELECT *``."""
+
+from __future__ import annotations
+
+import base64
+import collections
+import contextlib
+import datetime
+import decimal
+import json
+import struct
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+from cassandra import ConsistencyLevel, util
+from cassandra.cluster import EXEC_PROFILE_DEFAULT
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from cassandra_cdc.demo.processes import ChildProcess
+from cassandra_cdc.demo.table_check import compare_rows, replay
+from cassandra_cdc.kafka.raw_records import RawRecord
+
+
+@contextlib.contextmanager
+def session_at_all(cluster: Any, schema: list[str]) -> Iterator[Any]:
+    """A driver session to ``cluster`` whose statements run at CONSISTENCY ALL, once the ``schema``
+    statements have run and every node agrees on the schema."""
+    with cluster.driver() as driver:
+        session = driver.connect()
+        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.ALL
+        for cql in schema:
+            session.execute(cql)
+        assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+        yield session
+
+
+def event_shape(value: Any) -> Any:
+    """A value as the driver decodes it, in the shape a JSON event carries it (docs/events.md)."""
+    if value is None or isinstance(value, (bool, int, str, float)):
+        return value
+    if isinstance(value, decimal.Decimal | uuid.UUID):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, datetime.datetime):
+        return round(value.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)
+    if isinstance(value, util.Date):
+        return value.days_from_epoch
+    if isinstance(value, util.Time):
+        return value.nanosecond_time
+    if isinstance(value, util.Duration):
+        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
+    if hasattr(value, "_fields"):  # a user type
+        return {name: event_shape(getattr(value, name)) for name in value._fields}
+    if isinstance(value, tuple):
+        return {f"field{i + 1}": event_shape(v) for i, v in enumerate(value)}
+    if hasattr(value, "items"):
+        return {k: event_shape(v) for k, v in value.items()}
+    return [event_shape(v) for v in value]
+
+
+def float32_shape(value: float) -> float:
+    """A ``float`` column's value with the fewest digits that give back the same 32-bit float, as Java's
+    ``Float.toString`` prints it (the driver widens it to the nearest double)."""
+    single = struct.pack(">f", value)
+    for digits in range(1, 10):
+        shortest = float(f"{value:.{digits}g}")
+        if struct.pack(">f", shortest) == single:
+            return shortest
+    return value
+
+
+def column_shape(cql_type: str, value: Any) -> Any:
+    """``event_shape`` for a column of ``cql_type``, where the driver's value alone does not say it."""
+    if value is None:
+        return None
+    if cql_type == "varint":
+        return str(value)
+    if cql_type == "float":
+        return float32_shape(value)
+    if cql_type.startswith("vector<float"):
+        return [float32_shape(v) for v in value]
+    return event_shape(value)
+
+
+def table_rows(session: Any, keyspace: str,
+               table: str) -> tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]:
+    """``SELECT *`` (at the session's consistency, CONSISTENCY ALL in these tests) in event shapes, by
+    primary key; also the columns."""
+    metadata = session.cluster.metadata.keyspaces[keyspace].tables[table]
+    key_columns = [c.name for c in metadata.primary_key]
+    result = session.execute(f"SELECT * FROM {keyspace}.{table}")
+    rows = {}
+    for row in result:
+        shaped = {name: column_shape(metadata.columns[name].cql_type, v) for name, v in row._asdict().items()}
+        rows[tuple(shaped[c] for c in key_columns)] = shaped
+    return list(result.column_names), rows
+
+
+def consume_events(bootstrap_servers: str, topics: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """Every event payload of ``topics`` (read_committed), by topic, in each partition's order."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"check-{uuid.uuid4()}",
+                         "isolation.level": "read_committed", "enable.auto.commit": False,
+                         "enable.partition.eof": True})
+    events: dict[str, list[dict[str, Any]]] = {topic: [] for topic in topics}
+    try:
+        metadata = consumer.list_topics(timeout=10).topics
+        assignments = [TopicPartition(topic, p, 0) for topic in topics if topic in metadata
+                       for p in metadata[topic].partitions]
+        if not assignments:
+            return events
+        consumer.assign(assignments)
+        # Under read_committed, the end of a partition (EOF) is its last stable offset.
+        pending = {(tp.topic, tp.partition) for tp in assignments}
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.5):
+                if message.error() is not None:
+                    assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                    pending.discard((message.topic(), message.partition()))
+                elif message.value() is not None:
+                    events[message.topic()].append(json.loads(message.value())["payload"])
+        assert not pending, f"not read to their end: {pending}"
+        return events
+    finally:
+        consumer.close()
+
+
+def records_by_node(bootstrap_servers: str, topic: str, table: bytes) -> collections.Counter[str]:
+    """How many raw records of ``table`` (its id) each agent (node id) has on ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "unused",
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        pending, counts = set(partitions), collections.Counter[str]()
+        deadline = time.monotonic() + 60
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.5):
+                if message.error() is not None:
+                    pending.discard(message.partition())
+                elif message.key().startswith(table):
+                    counts[RawRecord.decode(message.value()).node_id] += 1
+        return counts
+    finally:
+        consumer.close()
+
+
+def table_id(session: Any, keyspace: str, table: str) -> bytes:
+    """A table's id (16 bytes, as raw records' keys start) from ``system_schema``."""
+    row = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
+                          (keyspace, table)).one()
+    return row.id.bytes
+
+
+def topic_exists(bootstrap_servers: str, topic: str) -> bool:
+    with AdminClient({"bootstrap.servers": bootstrap_servers}) as admin:
+        return topic in admin.list_topics(timeout=10).topics
+
+
+def write_yaml(path: Path, settings: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump(settings, sort_keys=False))
+    return path
+
+
+def wait_for(condition: Any, what: str, timeout: float, children: list[ChildProcess]) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for child in children:
+            assert child.exit_code is None, f"{child.name} exited: {child.log_tail(30)}"
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.3)
+
+
+class System:
+    """The agents and the pipeline of logical cluster ``server``, as processes, and how to restart them.
+    ``tables``: the agents' ``tables.include`` patterns (none: every CDC table); ``schema_file``: where the
+    agents read the schema (none: by CQL from their node)."""
+
+    def __init__(self, root: Path, cluster: Any, kafka: Any, server: str, tables: list[str] = (),
+                 schema_file: Path | None = None) -> None:
+        self.agents = []
+        for node in cluster.nodes:
+            schema = ({"file": str(schema_file)} if schema_file is not None else
+                      {"cassandra": {"contact_points": [node.address], "port": node.native_port}})
+            config = write_yaml(root / f"agent-{node.address}.yaml", {
+                "server": server, "node_id": node.address, "cdc_raw": str(node.cdc_raw_dir),
+                "state_dir": str(root / f"agent-state-{node.address}"), "schema": schema,
+                "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "raw_topic_partitions": 3},
+                "metrics": {"port": 0}, "poll_interval_ms": 200, "tables": {"include": list(tables)}})
+            self.agents.append(ChildProcess(f"agent {node.address}", ["agent", "--config", str(config)],
+                                            root / f"agent-{node.address}.log", ready_marker="tailing"))
+        self.pipeline_config = write_yaml(root / "pipeline.yaml", {
+            "server": server, "checkpoint": str(root / "checkpoint"),
+            "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "max_offsets_per_trigger": 5000,
+                      "events_topic_partitions": 2},
+            "spark": {"master": "local[2]", "shuffle_partitions": 2, "trigger_interval": "500 milliseconds"}})
+        self.pipeline = ChildProcess("pipeline", ["pipeline", "--config", str(self.pipeline_config)],
+                                     root / "pipeline.log",
+                                     ready_marker="pipeline running")
+
+    def start_agents(self) -> None:
+        """Start every agent and wait until each tails its node's cdc_raw."""
+        for agent in self.agents:
+            agent.start()
+        wait_for(lambda: all(a.ready for a in self.agents), "the agents", 120, self.children)
+
+    @property
+    def children(self) -> list[ChildProcess]:
+        return [*self.agents, self.pipeline]
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {child.name}\n{child.log_tail(15)}" for child in self.children)
+
+    def stop(self) -> None:
+        for child in self.children:
+            child.stop()
+
+
+def differences_of(events: list[dict[str, Any]], session: Any, keyspace: str, table: str,
+                   selected: tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]) -> list[str]:
+    """How ``events``, replayed, differ from ``selected`` (``table_rows``)."""
+    columns, expected = selected
+    key_columns = [c.name for c in session.cluster.metadata.keyspaces[keyspace].tables[table].primary_key]
+    got = replay((("t", e) for e in events), "t", key_columns)
+    return compare_rows(got, expected, columns)
