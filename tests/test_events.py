@@ -10,6 +10,7 @@ import json
 import re
 import struct
 import uuid
+from importlib.metadata import version
 from typing import Any
 
 import fastavro
@@ -57,9 +58,11 @@ def test_connect_json_carries_schema_and_lossless_payload() -> None:
     assert base64.b64decode(after["raw"]) == b"\x00\xff"
     assert after["counts"] == {"x": 1} and after["ids"] == [[2, "two"]]  # non-text map keys: pairs
     assert after["home"] == {"street": "Main", "number": 4} and after["pair"] == {"field1": 1, "field2": "one"}
-    assert payload["source"] == {"version": "1", "connector": "cassandra", "name": "prod", "cluster": "prod-cluster",
-                                 "keyspace": "shop", "table": "everything", "ts_us": 1714979289123456,
-                                 "snapshot": "false", "node": "node2", "segment": 1700000000000, "position": 4242}
+    assert payload["source"] == {
+        "version": version("cassandra-cdc"), "connector": "cassandra_cdc", "name": "prod", "ts_ms": 1714979289123,
+        "snapshot": "false", "db": "shop", "sequence": None, "ts_us": 1714979289123456,
+        "ts_ns": 1714979289123456000, "cluster": "prod-cluster", "keyspace": "shop", "table": "everything",
+        "node": "node2", "segment": 1700000000000, "position": 4242}
     schema = value["schema"]
     assert schema["name"] == "prod.shop.everything.Envelope"
     fields = {f["field"]: f for f in schema["fields"][1]["fields"]}
@@ -70,6 +73,52 @@ def test_connect_json_carries_schema_and_lossless_payload() -> None:
     key = json.loads(encoder.key(ROW))
     assert key["payload"] == {"id": "6b1c2f0e-1d3a-4c5b-9e8f-0a1b2c3d4e5f", "seq": 7}
     assert [f["field"] for f in key["schema"]["fields"]] == ["id", "seq"]
+
+
+# Debezium's envelope (io.debezium.schema.SchemaFactory.datatypeEnvelopeSchema, Envelope.SCHEMA_VERSION 2) and
+# source (sourceInfoSchemaBuilder, SOURCE_INFO_DEFAULT_SCHEMA_VERSION 1, SnapshotRecord) as read in its code:
+# (field, Connect type, optional).
+DEBEZIUM_ENVELOPE_TAIL = [("op", "string", False), ("ts_ms", "int64", True), ("ts_us", "int64", True),
+                          ("ts_ns", "int64", True), ("transaction", "struct", True)]
+DEBEZIUM_SOURCE_COMMON = [("version", "string", False), ("connector", "string", False), ("name", "string", False),
+                          ("ts_ms", "int64", False), ("snapshot", "string", True), ("db", "string", False),
+                          ("sequence", "string", True), ("ts_us", "int64", True), ("ts_ns", "int64", True)]
+OUR_SOURCE_FIELDS = [("cluster", "string", False), ("keyspace", "string", False), ("table", "string", False),
+                     ("node", "string", True), ("segment", "int64", True), ("position", "int64", True)]
+SNAPSHOT_ENUM = {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
+                 "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,last,false,"
+                                           "incremental"},
+                 "default": "false", "field": "snapshot"}
+
+
+def _shape(fields: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    return [(f["field"], f["type"], f["optional"]) for f in fields]
+
+
+def test_envelope_and_source_follow_debezium_conventions() -> None:
+    encoder = EventEncoder("prod", TABLE, "json")
+    schema = json.loads(encoder.value(None, ROW, "c", SOURCE, 1714979290000))["schema"]
+    assert (schema["name"], schema["version"]) == ("prod.shop.everything.Envelope", 2)
+    fields = {f["field"]: f for f in schema["fields"]}
+    assert _shape(schema["fields"])[2:] == [("source", "struct", False)] + DEBEZIUM_ENVELOPE_TAIL
+    transaction = fields["transaction"]
+    assert (transaction["name"], transaction["version"]) == ("event.block", 1)
+    assert _shape(transaction["fields"]) == [("id", "string", False), ("total_order", "int64", False),
+                                             ("data_collection_order", "int64", False)]
+    source = fields["source"]
+    assert (source["name"], source["version"]) == ("io.debezium.connector.cassandra_cdc.Source", 1)
+    assert _shape(source["fields"]) == DEBEZIUM_SOURCE_COMMON + OUR_SOURCE_FIELDS
+    assert source["fields"][4] == SNAPSHOT_ENUM
+    # The envelope's times are the processing time; the source's the write time (a TTL expiry: its time).
+    payload = json.loads(encoder.value(None, ROW, "r", SOURCE._replace(snapshot=True), 1714979290000))["payload"]
+    assert (payload["ts_ms"], payload["ts_us"], payload["ts_ns"]) == \
+        (1714979290000, 1714979290000000, 1714979290000000000)
+    assert payload["transaction"] is None and payload["source"]["snapshot"] == "true"
+    expiry = SOURCE._replace(ts_us=1714979300 * 1_000_000, node=None, segment=None, position=None)
+    payload = json.loads(encoder.value(ROW, None, "d", expiry, 1714979301000))["payload"]
+    assert {k: payload["source"][k] for k in ("ts_ms", "ts_us", "ts_ns", "node", "segment", "position")} == {
+        "ts_ms": 1714979300000, "ts_us": 1714979300000000, "ts_ns": 1714979300000000000, "node": None,
+        "segment": None, "position": None}
 
 
 def test_connect_json_bytes_are_those_of_one_compact_document() -> None:
@@ -119,6 +168,32 @@ class FakeRegistry:
         self.requests += 1
         self.subjects.setdefault(subject, json.loads(json.dumps(schema)))  # what goes over HTTP is JSON text
         return list(self.subjects).index(subject) + 1
+
+
+def test_avro_envelope_and_source_carry_the_connect_properties() -> None:
+    """What Confluent's AvroConverter (AvroData.fromConnectSchema) writes for these Connect schemas."""
+    registry = FakeRegistry()
+    EventEncoder("prod", TABLE, "avro", registry).value(None, ROW, "c", SOURCE, 1)  # type: ignore[arg-type]
+    record_schema = registry.subjects["prod.shop.everything-value"]
+    assert (record_schema["connect.version"], record_schema["connect.name"]) == (2, "prod.shop.everything.Envelope")
+    fields = {f["name"]: f for f in record_schema["fields"]}
+    assert [f["name"] for f in record_schema["fields"]] == \
+        ["before", "after", "source", "op", "ts_ms", "ts_us", "ts_ns", "transaction"]
+    assert fields["ts_us"] == {"name": "ts_us", "type": ["null", "long"], "default": None}
+    source = fields["source"]["type"]
+    assert (source["name"], source["namespace"], source["connect.version"], source["connect.name"]) == \
+        ("Source", "io.debezium.connector.cassandra_cdc", 1, "io.debezium.connector.cassandra_cdc.Source")
+    source_fields = {f["name"]: f for f in source["fields"]}
+    assert source_fields["ts_ms"] == {"name": "ts_ms", "type": "long"}
+    assert source_fields["snapshot"] == {"name": "snapshot", "type": [{
+        "type": "string", "connect.version": 1, "connect.parameters": SNAPSHOT_ENUM["parameters"],
+        "connect.default": "false", "connect.name": "io.debezium.data.Enum"}, "null"], "default": "false"}
+    transaction = fields["transaction"]
+    assert transaction["default"] is None and transaction["type"][0] == "null"
+    assert (transaction["type"][1]["name"], transaction["type"][1]["namespace"]) == ("block", "event")
+    record = next(fastavro.reader(io.BytesIO(EventEncoder("prod", TABLE, "avro").value(None, ROW, "c", SOURCE, 7))))
+    assert record["transaction"] is None and record["ts_ns"] == 7_000_000
+    assert record["source"]["db"] == "shop" and record["source"]["ts_ms"] == 1714979289123
 
 
 def test_avro_with_a_registry_uses_the_confluent_wire_format() -> None:

@@ -68,6 +68,58 @@ _SIMPLE_VALUES: dict[str, Callable[[Any], Any]] = {
 }
 
 
+_CONNECT_TO_AVRO = {"int8": "int", "int16": "int", "int32": "int", "int64": "long", "float": "float",
+                    "double": "double", "boolean": "boolean", "string": "string", "bytes": "bytes"}
+
+
+def connect_schema(type_: str, *, optional: bool = False, name: str | None = None, version: int | None = None,
+                   parameters: dict[str, str] | None = None, default: Any = None, field: str | None = None,
+                   **children: Any) -> dict[str, Any]:
+    """A Kafka Connect schema as the JsonConverter writes it: its keys in the converter's order (``type``, the
+    ``fields``/``items``/``keys``/``values``, ``optional``, ``name``, ``version``, ``parameters``,
+    ``default``, and ``field`` when it is a struct's field)."""
+    schema: dict[str, Any] = {"type": type_, **children, "optional": optional}
+    for key, value in (("name", name), ("version", version), ("parameters", parameters), ("default", default),
+                       ("field", field)):
+        if value is not None:
+            schema[key] = value
+    return schema
+
+
+def avro_from_connect(schema: dict[str, Any]) -> Any:
+    """The Avro schema of a Connect schema (primitives and structs) as Confluent's AvroConverter writes it:
+    ``connect.version``, ``connect.parameters``, ``connect.default``, ``connect.name`` properties, a struct a
+    record named by its Connect name, an optional schema a union with null (null second when it has a
+    default)."""
+    type_ = schema["type"]
+    if type_ == "struct":
+        namespace, _, name = schema["name"].rpartition(".")
+        base: dict[str, Any] = {"type": "record", "name": name, "namespace": namespace,
+                                "fields": [avro_field(field) for field in schema["fields"]]}
+    else:
+        base = {"type": _CONNECT_TO_AVRO[type_]}
+    for connect_key, avro_key in (("version", "connect.version"), ("parameters", "connect.parameters"),
+                                  ("default", "connect.default"), ("name", "connect.name")):
+        if connect_key in schema:
+            base[avro_key] = schema[connect_key]
+    if type_ in ("int8", "int16"):
+        base["connect.type"] = type_
+    avro: Any = base if len(base) > 1 else base["type"]
+    if not schema["optional"]:
+        return avro
+    return [avro, "null"] if "default" in schema else ["null", avro]
+
+
+def avro_field(schema: dict[str, Any]) -> dict[str, Any]:
+    """The Avro field of a Connect struct's field: its default the Connect default, else null if optional."""
+    field = {"name": schema["field"], "type": avro_from_connect(schema)}
+    if "default" in schema:
+        field["default"] = schema["default"]
+    elif schema["optional"]:
+        field["default"] = None
+    return field
+
+
 @dataclass(frozen=True)
 class FieldMapping:
     """The event representation of one CQL type."""
@@ -79,31 +131,25 @@ class FieldMapping:
     def connect_schema(self, optional: bool = True, field: str | None = None) -> dict[str, Any]:
         t = self.cql_type
         kind = t.kind
-        schema: dict[str, Any]
         if kind in _SIMPLE:
             connect_type, name, _ = _SIMPLE[kind]
-            schema = {"type": connect_type}
-            if name:
-                schema["name"] = name
-        elif kind in ("list", "set", "vector"):
-            schema = {"type": "array", "items": FieldMapping(t.parameters[0]).connect_schema(optional=False)}
-        elif kind == "map":
-            schema = {"type": "map", "keys": FieldMapping(t.parameters[0]).connect_schema(optional=False),
-                      "values": FieldMapping(t.parameters[1]).connect_schema()}
-        elif kind in ("tuple", "udt"):
-            schema = {"type": "struct", "name": _struct_name(t),
-                      "fields": [FieldMapping(p).connect_schema(field=n) for n, p in zip(_field_names(t), t.parameters)]}
-        elif kind == "duration":
-            schema = {"type": "struct", "name": "cassandra_cdc.Duration",
-                      "fields": [{"type": "int32", "optional": False, "field": "months"},
-                                 {"type": "int32", "optional": False, "field": "days"},
-                                 {"type": "int64", "optional": False, "field": "nanoseconds"}]}
-        else:
-            raise ValueError(f"no event mapping for CQL type {t.cql}")
-        schema["optional"] = optional
-        if field is not None:
-            schema["field"] = field
-        return schema
+            return connect_schema(connect_type, optional=optional, name=name, field=field)
+        if kind in ("list", "set", "vector"):
+            return connect_schema("array", items=FieldMapping(t.parameters[0]).connect_schema(optional=False),
+                                  optional=optional, field=field)
+        if kind == "map":
+            return connect_schema("map", keys=FieldMapping(t.parameters[0]).connect_schema(optional=False),
+                                  values=FieldMapping(t.parameters[1]).connect_schema(), optional=optional,
+                                  field=field)
+        if kind in ("tuple", "udt"):
+            fields = [FieldMapping(p).connect_schema(field=n) for n, p in zip(_field_names(t), t.parameters)]
+            return connect_schema("struct", fields=fields, optional=optional, name=_struct_name(t), field=field)
+        if kind == "duration":
+            return connect_schema("struct", fields=[connect_schema("int32", field="months"),
+                                                    connect_schema("int32", field="days"),
+                                                    connect_schema("int64", field="nanoseconds")],
+                                  optional=optional, name="cassandra_cdc.Duration", field=field)
+        raise ValueError(f"no event mapping for CQL type {t.cql}")
 
     def to_connect(self, value: Any) -> Any:
         """The value as the JSON converter writes it (bytes as base64 text)."""
