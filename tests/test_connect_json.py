@@ -8,9 +8,14 @@ import subprocess
 from pathlib import Path
 
 from conftest import require_jvm_artifacts
-from test_events import NAMED, NAMED_VALUES, ROW, SOURCE, STATIC_SCHEMA, TABLE, _driver_row, _static_only_row
+import decimal
+
+from cassandra.util import Duration
+from test_events import (NAMED, NAMED_VALUES, NUMBERS, ROW, SOURCE, STATIC_SCHEMA, TABLE, _driver_row,
+                         _static_only_row)
 
 from cassandra_cdc.events.event_encoder import EventEncoder
+from cassandra_cdc.events.field_mapping import TypeModes
 
 ROUND_TRIP_PROGRAM = Path(__file__).parent / "jvm" / "JsonConverterRoundTrip.java"
 
@@ -43,6 +48,11 @@ def test_the_json_converter_writes_our_events_back_unchanged() -> None:
     static_only = _static_only_row(carts, {"user": 1}, {"owner": "ann"})
     static = EventEncoder("prod", carts, "json")
     messages += [static.key(static_only), static.value(None, static_only, "c", SOURCE, 1714979290006)]
+    assert NUMBERS is not None
+    numbers = {"k": 1, "d": decimal.Decimal("-1E-8"), "v": -(10**20), "span": Duration(14, 3, 3_723_500_000_000),
+               "x": 1.5e300, "f": 1e-8}
+    for modes in (TypeModes(), TypeModes("double", "long", "numeric"), TypeModes("string", "string", "string")):
+        messages.append(EventEncoder("prod", NUMBERS, "json", modes=modes).value(None, numbers, "c", SOURCE, 1))
     written = json_converter_round_trip(messages)
     assert len(written) == len(messages)
     for message, back in zip(messages, written):

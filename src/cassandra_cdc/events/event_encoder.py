@@ -20,7 +20,7 @@ import fastavro
 
 from ..kafka import event_topic
 from ..schema import ColumnKind, TableMetadata
-from .field_mapping import FieldMapping, avro_field, avro_names, connect_schema
+from .field_mapping import FieldMapping, TypeModes, avro_field, avro_names, connect_schema, java_numbers
 
 _CONNECTOR_VERSION = version("cassandra-cdc")
 
@@ -108,7 +108,7 @@ class EventEncoder:
     """Encodes the events of one table (one schema version) in one format."""
 
     def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
-                 schema_registry: "SchemaRegistry | None" = None) -> None:
+                 schema_registry: "SchemaRegistry | None" = None, modes: TypeModes = TypeModes()) -> None:
         self.table = table
         self.topic = event_topic(server, table.qualified_name)
         self.format = fmt
@@ -118,9 +118,9 @@ class EventEncoder:
         # A partition with static values and no rows is one row with null clustering columns, as is each row
         # of a static COMPACT STORAGE table (its clustering column is hidden). Clustering columns are optional
         # in every table's key: adding a static column must not change the key schema, nor the key bytes.
-        self._key_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type),
+        self._key_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type, modes),
                                      optional=c.kind is ColumnKind.CLUSTERING) for c in table.primary_key]
-        self._value_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type), optional=True)
+        self._value_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type, modes), optional=True)
                                for c in table.columns]
         self._key_fields = self._fields(self._key_columns)
         self._value_fields = self._fields(self._value_columns)
@@ -258,8 +258,9 @@ def _avro_namespace(name: str) -> str:
 
 # ``json.dumps`` with options builds an encoder per call, a third of the cost of encoding an event's payload;
 # and a payload built here has no cycles to check for.
-_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+# NaN and the infinities are converted to text before (``field_mapping``): JSON has no such numbers.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False, allow_nan=False)
 
 
 def _json(document: Any) -> bytes:
-    return _JSON_ENCODER.encode(document).encode()
+    return java_numbers(_JSON_ENCODER.encode(document).encode())

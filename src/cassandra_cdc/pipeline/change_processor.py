@@ -55,6 +55,7 @@ from ..schema import TableMetadata
 from ..kafka.raw_records import RawRecord, RawRecordError, decode_update, stored_digest
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
+from ..events.field_mapping import TypeModes
 from ..merge.reconcile import PartitionState, RowChange, apply, expire, next_expiry
 from .event_sink import SinkSettings, MicroBatchTask, TaskSink, task_sink
 from .kafka_source import OffsetRange, SourceOptions, read_range
@@ -75,6 +76,7 @@ class ProcessorSettings:
     format: Format = "json"
     schema_registry_url: str | None = None
     tombstones: bool = False
+    type_modes: TypeModes = TypeModes()
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
     ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
@@ -250,8 +252,8 @@ class ChangeProcessor(StatefulProcessor):
         out = self._output()
         encoder = self._encoders.get((table.id, version))
         if encoder is None:
-            encoder = self._encoders[(table.id, version)] = EventEncoder(self.settings.server, table,
-                                                                         self.settings.format, self._registry)
+            encoder = self._encoders[(table.id, version)] = EventEncoder(
+                self.settings.server, table, self.settings.format, self._registry, self.settings.type_modes)
         for change in changes:
             before, after = change.before, change.after
             if before is None:

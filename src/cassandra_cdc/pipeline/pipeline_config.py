@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..events.field_mapping import DecimalMode, IntervalMode, TypeModes, VarintMode
 from ..settings import ConfigError, load_settings
 from ..kafka import ServerTopics
 
@@ -48,8 +49,22 @@ class OutputSettings(_Section):
     schema_registry_url: str | None = Field(None, description="Avro: register schemas here and use the Confluent "
                                                               "wire format; without it, self-describing Avro.")
     tombstones: bool = Field(False, description="Follow each delete event with a tombstone (null value).")
+    decimal_handling_mode: DecimalMode = Field(
+        "precise", description="decimal columns as Debezium's decimal.handling.mode: precise "
+                               "(io.debezium.data.VariableScaleDecimal), double, or string (digits, no exponent).")
+    varint_handling_mode: VarintMode = Field(
+        "precise", description="varint columns: precise (Connect Decimal, scale 0), long (its low 64 bits, as "
+                               "Debezium's Cassandra connector by default), or string.")
+    interval_handling_mode: IntervalMode = Field(
+        "string", description="duration columns: string (io.debezium.time.Interval, ISO 8601, exact) or numeric "
+                              "(io.debezium.time.NanoDuration, a month counted as 30 days).")
     exactly_once: bool = Field(True, description="Transactional output per micro-batch (consumers use "
                                                  "isolation.level=read_committed); false: at-least-once.")
+
+
+    @property
+    def type_modes(self) -> TypeModes:
+        return TypeModes(self.decimal_handling_mode, self.varint_handling_mode, self.interval_handling_mode)
 
 
 class PipelineConfig(ServerTopics, _Section):
