@@ -210,7 +210,15 @@ def run_task(processor: ChangeProcessor, call: Any, topic: str = f"{SERVER}.app.
     call()
     processor.close()
     processor.next_batch()  # type: ignore[attr-defined]
-    return [json.loads(value)["payload"] for value in processor.events.read(topic)]  # type: ignore[attr-defined]
+    values = processor.events.read(topic)  # type: ignore[attr-defined]
+    payloads = []
+    for value, following in zip(values, values[1:] + [b""]):
+        if value is not None:
+            payload = json.loads(value)["payload"]
+            # output.tombstones, on by default: a d, and only a d, is followed by a tombstone (null value)
+            assert (payload["op"] == "d") == (following is None), payload
+            payloads.append(payload)
+    return payloads
 
 
 def kafka_rows(records: list[tuple[bytes, bytes]]) -> pd.DataFrame:

@@ -75,7 +75,7 @@ class ProcessorSettings:
     errors_topic: str
     format: Format = "json"
     schema_registry_url: str | None = None
-    tombstones: bool = False
+    tombstones: bool = True
     type_modes: TypeModes = TypeModes()
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)

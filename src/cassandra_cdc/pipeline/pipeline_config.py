@@ -48,7 +48,11 @@ class OutputSettings(_Section):
     format: Literal["json", "avro"] = Field("json", description="Kafka Connect JSON (schema + payload) or Avro.")
     schema_registry_url: str | None = Field(None, description="Avro: register schemas here and use the Confluent "
                                                               "wire format; without it, self-describing Avro.")
-    tombstones: bool = Field(False, description="Follow each delete event with a tombstone (null value).")
+    tombstones: bool = Field(True, description="Follow each delete event with a tombstone (null value), as "
+                                               "Debezium does by default, so that compaction forgets the row.")
+    compacted_topics: bool = Field(True, description="Create the event topics compacted (cleanup.policy=compact): "
+                                                     "each keeps the latest event of every row (the errors topic "
+                                                     "is never compacted).")
     decimal_handling_mode: DecimalMode = Field(
         "precise", description="decimal columns as Debezium's decimal.handling.mode: precise "
                                "(io.debezium.data.VariableScaleDecimal), double, or string (digits, no exponent).")

@@ -77,7 +77,8 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
 def sink_settings(config: PipelineConfig) -> SinkSettings:
     kafka = config.kafka
     return SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
-                        tuple(sorted(kafka.producer.items())), kafka.events_topic_partitions)
+                        tuple(sorted(kafka.producer.items())), kafka.events_topic_partitions,
+                        config.output.compacted_topics, (config.errors_topic,))
 
 
 def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> list[int]:
