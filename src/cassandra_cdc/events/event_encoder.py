@@ -153,6 +153,12 @@ class EventEncoder:
 
     # --- public -----------------------------------------------------------------------------------
 
+    def static_only(self, row: dict[str, Any]) -> bool:
+        """Whether ``row`` is the row of a partition with static values and no rows: its clustering columns
+        null (a key a JDBC sink's NOT NULL primary key refuses)."""
+        clustering = [c.name for c in self._key_columns if c.optional]
+        return bool(clustering) and all(row.get(name) is None for name in clustering)
+
     def key(self, row: dict[str, Any]) -> bytes:
         payload = self._row(row, self._key_fields)
         if self.format == "json":

@@ -42,7 +42,7 @@ import pickle
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
@@ -77,6 +77,7 @@ class ProcessorSettings:
     schema_registry_url: str | None = None
     tombstones: bool = True
     type_modes: TypeModes = TypeModes()
+    static_only_rows: Literal["emit", "skip"] = "emit"
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
     ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
@@ -262,7 +263,10 @@ class ChangeProcessor(StatefulProcessor):
                 op = "d"
             else:
                 op = "u"
-            key = encoder.key(after if after is not None else before)  # type: ignore[arg-type]
+            row = after if after is not None else before
+            if self.settings.static_only_rows == "skip" and encoder.static_only(row):  # type: ignore[arg-type]
+                continue
+            key = encoder.key(row)  # type: ignore[arg-type]
             out.produce(encoder.topic, key, encoder.value(before, after, op, source, now_ms))
             if op == "d" and self.settings.tombstones:
                 out.produce(encoder.topic, key, None)

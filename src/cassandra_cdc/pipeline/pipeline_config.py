@@ -53,6 +53,10 @@ class OutputSettings(_Section):
     compacted_topics: bool = Field(True, description="Create the event topics compacted (cleanup.policy=compact): "
                                                      "each keeps the latest event of every row (the errors topic "
                                                      "is never compacted).")
+    static_only_rows: Literal["emit", "skip"] = Field(
+        "emit", description="A partition with static values and no rows: emit it as a row with null clustering "
+                            "columns (as SELECT * shows it), or skip it (for JDBC sinks, whose primary key refuses "
+                            "nulls; the static values still come with every real row).")
     decimal_handling_mode: DecimalMode = Field(
         "precise", description="decimal columns as Debezium's decimal.handling.mode: precise "
                                "(io.debezium.data.VariableScaleDecimal), double, or string (digits, no exponent).")
