@@ -26,7 +26,8 @@ def json_converter_round_trip(messages: list[bytes]) -> list[bytes | str]:
     from cassandra_cdc.localcluster.artifacts import CONNECT, classpath, java_executable
 
     lines = "".join(base64.b64encode(message).decode() + "\n" for message in messages)
-    done = subprocess.run([java_executable(), "-cp", classpath(CONNECT), str(ROUND_TRIP_PROGRAM)], input=lines,
+    done = subprocess.run([java_executable(), "-cp", classpath(CONNECT), str(ROUND_TRIP_PROGRAM)],
+                          input=lines,
                           capture_output=True, text=True, timeout=300, check=True)
     return [line if line.startswith("ERROR") else base64.b64decode(line) for line in done.stdout.splitlines()]
 
@@ -49,10 +50,13 @@ def test_the_json_converter_writes_our_events_back_unchanged() -> None:
     static = EventEncoder("prod", carts, "json")
     messages += [static.key(static_only), static.value(None, static_only, "c", SOURCE, 1714979290006)]
     assert NUMBERS is not None
-    numbers = {"k": 1, "d": decimal.Decimal("-1E-8"), "v": -(10**20), "span": Duration(14, 3, 3_723_500_000_000),
+    numbers = {"k": 1, "d": decimal.Decimal("-1E-8"), "v": -(10**20), "span": Duration(14, 3,
+                                                                                       3_723_500_000_000),
                "x": 1.5e300, "f": 1e-8}
-    for modes in (TypeModes(), TypeModes("double", "long", "numeric"), TypeModes("string", "string", "string")):
-        messages.append(EventEncoder("prod", NUMBERS, "json", modes=modes).value(None, numbers, "c", SOURCE, 1))
+    for modes in (TypeModes(), TypeModes("double", "long", "numeric"), TypeModes("string", "string",
+                                                                                 "string")):
+        messages.append(EventEncoder("prod", NUMBERS, "json", modes=modes).value(None, numbers, "c", SOURCE,
+                                                                                 1))
     written = json_converter_round_trip(messages)
     assert len(written) == len(messages)
     for message, back in zip(messages, written):

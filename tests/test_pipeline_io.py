@@ -530,6 +530,7 @@ def test_the_tasks_create_event_topics_compacted_and_the_errors_topic_not(broker
     for topic in (events, errors):
         write_task(settings, MicroBatchTask(0, 0, "query-1"), topic, 1)
     admin = broker.admin()
-    policies = {topic: admin.describe_configs([ConfigResource("topic", topic)])[ConfigResource("topic", topic)]
+    policies = {topic: admin.describe_configs([ConfigResource("topic", topic)])[ConfigResource("topic",
+                                                                                               topic)]
                 .result()["cleanup.policy"].value for topic in (events, errors)}
     assert policies == {events: "compact" if compacted else "delete", errors: "delete"}

@@ -184,8 +184,10 @@ def started_processor(broker: Any, monkeypatch: Any, tables: list[Any], fmt: str
     producer.flush(30)
     query = uuid.uuid4().hex  # each test writes as a query of its own: its markers are its own
     sink = SinkSettings(broker.bootstrap_servers, f"{SERVER}.commits", f"test-{query}", topic_partitions=1)
-    processor = ChangeProcessor(ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER, f"{SERVER}.errors",
-                                                  format=fmt, sink=sink, **settings))  # type: ignore[arg-type]
+    processor_settings = ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER,
+                                           f"{SERVER}.errors", format=fmt, sink=sink,
+                                           **settings)  # type: ignore[arg-type]
+    processor = ChangeProcessor(processor_settings)
     batch_ids = itertools.count()
     monkeypatch.setattr(MicroBatchTask, "current",
                         classmethod(lambda cls: MicroBatchTask(processor.batch_id, 0, query)))

@@ -265,7 +265,8 @@ def _avro_namespace(name: str) -> str:
 # ``json.dumps`` with options builds an encoder per call, a third of the cost of encoding an event's payload;
 # and a payload built here has no cycles to check for.
 # NaN and the infinities are converted to text before (``field_mapping``): JSON has no such numbers.
-_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False, allow_nan=False)
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False,
+                                 allow_nan=False)
 
 
 def _json(document: Any) -> bytes:

@@ -132,7 +132,8 @@ def _simple(kind: str, modes: TypeModes) -> _Simple | None:
     if kind in ("blob", "empty"):
         return _Simple(connect_schema("bytes"), lambda v: base64.b64encode(bytes(v)).decode(), bytes)
     if kind in ("uuid", "timeuuid"):
-        return _Simple(connect_schema("string", name="io.debezium.data.Uuid", version=1), _uuid_text, _uuid_text)
+        return _Simple(connect_schema("string", name="io.debezium.data.Uuid", version=1), _uuid_text,
+                       _uuid_text)
     if kind == "inet":
         return _Simple(connect_schema("string"), str, str)
     if kind == "date":
@@ -146,7 +147,8 @@ def _simple(kind: str, modes: TypeModes) -> _Simple | None:
                        _timestamp_millis, _timestamp_millis)
     if kind == "decimal":
         if modes.decimal == "precise":
-            return _Simple(VARIABLE_SCALE_DECIMAL, lambda v: _base64_value(_variable_scale(v)), _variable_scale)
+            return _Simple(VARIABLE_SCALE_DECIMAL, lambda v: _base64_value(_variable_scale(v)),
+                           _variable_scale)
         if modes.decimal == "double":
             return _Simple(connect_schema("double"), lambda v: _json_number(float(v)), float)
         return _Simple(connect_schema("string"), plain_decimal, plain_decimal)
@@ -160,10 +162,10 @@ def _simple(kind: str, modes: TypeModes) -> _Simple | None:
         return _Simple(connect_schema("string"), str, str)
     if kind == "duration":
         if modes.interval == "string":
-            return _Simple(connect_schema("string", name="io.debezium.time.Interval", version=1), iso_interval,
-                           iso_interval)
-        return _Simple(connect_schema("int64", name="io.debezium.time.NanoDuration", version=1), nano_duration,
-                       nano_duration)
+            return _Simple(connect_schema("string", name="io.debezium.time.Interval", version=1),
+                           iso_interval, iso_interval)
+        return _Simple(connect_schema("int64", name="io.debezium.time.NanoDuration", version=1),
+                       nano_duration, nano_duration)
     return None
 
 
@@ -291,7 +293,8 @@ class FieldMapping:
                                   field=field)
         if kind in ("tuple", "udt"):
             fields = [self._of(p).connect_schema(field=n) for n, p in zip(_field_names(t), t.parameters)]
-            return connect_schema("struct", fields=fields, optional=optional, name=_struct_name(t), field=field)
+            return connect_schema("struct", fields=fields, optional=optional, name=_struct_name(t),
+                                  field=field)
         raise ValueError(f"no event mapping for CQL type {t.cql}")
 
     def to_connect(self, value: Any) -> Any:
@@ -394,7 +397,8 @@ def _avro_record(name: str, namespace: str, defined: dict[str, str] | None,
     ``fields`` gives the record's fields, defining the records they use in the dict it is passed;
     ``properties`` are the record's other properties (``connect.*``).
     """
-    record = {"type": "record", "name": name, "namespace": namespace, "fields": fields(None), **(properties or {})}
+    record = {"type": "record", "name": name, "namespace": namespace, "fields": fields(None),
+              **(properties or {})}
     if defined is None:
         return record
     definition = json.dumps(record, sort_keys=True)

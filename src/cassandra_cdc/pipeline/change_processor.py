@@ -264,7 +264,8 @@ class ChangeProcessor(StatefulProcessor):
             else:
                 op = "u"
             row = after if after is not None else before
-            if self.settings.static_only_rows == "skip" and encoder.static_only(row):  # type: ignore[arg-type]
+            skipped = self.settings.static_only_rows == "skip"
+            if skipped and encoder.static_only(row):  # type: ignore[arg-type]
                 continue
             key = encoder.key(row)  # type: ignore[arg-type]
             out.produce(encoder.topic, key, encoder.value(before, after, op, source, now_ms))

@@ -48,24 +48,26 @@ class OutputSettings(_Section):
     format: Literal["json", "avro"] = Field("json", description="Kafka Connect JSON (schema + payload) or Avro.")
     schema_registry_url: str | None = Field(None, description="Avro: register schemas here and use the Confluent "
                                                               "wire format; without it, self-describing Avro.")
-    tombstones: bool = Field(True, description="Follow each delete event with a tombstone (null value), as "
-                                               "Debezium does by default, so that compaction forgets the row.")
-    compacted_topics: bool = Field(True, description="Create the event topics compacted (cleanup.policy=compact): "
-                                                     "each keeps the latest event of every row (the errors topic "
-                                                     "is never compacted).")
+    tombstones: bool = Field(
+        True, description="Follow each delete event with a tombstone (null value), as Debezium does by "
+                          "default, so that compaction forgets the row.")
+    compacted_topics: bool = Field(
+        True, description="Create the event topics compacted (cleanup.policy=compact): each keeps the latest "
+                          "event of every row (the errors topic is never compacted).")
     static_only_rows: Literal["emit", "skip"] = Field(
-        "emit", description="A partition with static values and no rows: emit it as a row with null clustering "
-                            "columns (as SELECT * shows it), or skip it (for JDBC sinks, whose primary key refuses "
-                            "nulls; the static values still come with every real row).")
+        "emit", description="A partition with static values and no rows: emit it as a row with null "
+                            "clustering columns (as SELECT * shows it), or skip it (for JDBC sinks, whose "
+                            "primary key refuses nulls; the static values still come with every real row).")
     decimal_handling_mode: DecimalMode = Field(
         "precise", description="decimal columns as Debezium's decimal.handling.mode: precise "
-                               "(io.debezium.data.VariableScaleDecimal), double, or string (digits, no exponent).")
+                               "(io.debezium.data.VariableScaleDecimal), double, or string (digits, no "
+                               "exponent).")
     varint_handling_mode: VarintMode = Field(
-        "precise", description="varint columns: precise (Connect Decimal, scale 0), long (its low 64 bits, as "
-                               "Debezium's Cassandra connector by default), or string.")
+        "precise", description="varint columns: precise (Connect Decimal, scale 0), long (its low 64 bits, "
+                               "as Debezium's Cassandra connector by default), or string.")
     interval_handling_mode: IntervalMode = Field(
-        "string", description="duration columns: string (io.debezium.time.Interval, ISO 8601, exact) or numeric "
-                              "(io.debezium.time.NanoDuration, a month counted as 30 days).")
+        "string", description="duration columns: string (io.debezium.time.Interval, ISO 8601, exact) or "
+                              "numeric (io.debezium.time.NanoDuration, a month counted as 30 days).")
     exactly_once: bool = Field(True, description="Transactional output per micro-batch (consumers use "
                                                  "isolation.level=read_committed); false: at-least-once.")
 

@@ -66,7 +66,8 @@ def change_events(spark: SparkSession, config: PipelineConfig) -> DataFrame:
         server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
         schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
         schema_registry_url=config.output.schema_registry_url, tombstones=config.output.tombstones,
-        type_modes=config.output.type_modes, static_only_rows=config.output.static_only_rows, consumer=tuple(sorted(kafka.consumer.items())), sink=sink, ranges=ranges)
+        type_modes=config.output.type_modes, static_only_rows=config.output.static_only_rows,
+        consumer=tuple(sorted(kafka.consumer.items())), sink=sink, ranges=ranges)
     keys = balanced_group_keys(spark, MAX_RAW_PARTITIONS, config.spark.shuffle_partitions)
     # One SQL literal, not an expression per key: each of those would be a call into the JVM.
     group = F.element_at(F.expr(f"array({', '.join(f'{key}L' for key in keys)})"), (F.col("partition") + 1).cast("int"))
