@@ -43,8 +43,12 @@ def event_shape(value: Any) -> Any:
     """A value as the driver decodes it, in the shape a JSON event carries it (docs/events.md)."""
     if value is None or isinstance(value, (bool, int, str, float)):
         return value
-    if isinstance(value, decimal.Decimal | uuid.UUID):
+    if isinstance(value, uuid.UUID):
         return str(value)
+    if isinstance(value, decimal.Decimal):  # io.debezium.data.VariableScaleDecimal
+        sign, digits, exponent = value.as_tuple()
+        unscaled = int("".join(map(str, digits))) * (-1 if sign else 1)
+        return {"scale": -exponent, "value": base64.b64encode(_java_bytes(unscaled)).decode()}
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if isinstance(value, datetime.datetime):
@@ -53,8 +57,11 @@ def event_shape(value: Any) -> Any:
         return value.days_from_epoch
     if isinstance(value, util.Time):
         return value.nanosecond_time
-    if isinstance(value, util.Duration):
-        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
+    if isinstance(value, util.Duration):  # io.debezium.time.Interval, for the positive durations written here
+        minutes, nanoseconds = divmod(value.nanoseconds, 60 * 10**9)
+        hours, minutes = divmod(minutes, 60)
+        seconds = f"{nanoseconds // 10**9}.{nanoseconds % 10**9:09d}".rstrip("0").rstrip(".")
+        return f"P{value.months // 12}Y{value.months % 12}M{value.days}DT{hours}H{minutes}M{seconds}S"
     if hasattr(value, "_fields"):  # a user type
         return {name: event_shape(getattr(value, name)) for name in value._fields}
     if isinstance(value, tuple):
@@ -62,6 +69,14 @@ def event_shape(value: Any) -> Any:
     if hasattr(value, "items"):
         return {k: event_shape(v) for k, v in value.items()}
     return [event_shape(v) for v in value]
+
+
+def _java_bytes(number: int) -> bytes:
+    """Java's BigInteger.toByteArray: big-endian two's complement with one sign bit, no more bytes."""
+    length = 1
+    while not -(1 << (8 * length - 1)) <= number < (1 << (8 * length - 1)):
+        length += 1
+    return number.to_bytes(length, "big", signed=True)
 
 
 def float32_shape(value: float) -> float:
@@ -79,8 +94,8 @@ def column_shape(cql_type: str, value: Any) -> Any:
     """``event_shape`` for a column of ``cql_type``, where the driver's value alone does not say it."""
     if value is None:
         return None
-    if cql_type == "varint":
-        return str(value)
+    if cql_type == "varint":  # a Connect Decimal of scale 0
+        return base64.b64encode(_java_bytes(value)).decode()
     if cql_type == "float":
         return float32_shape(value)
     if cql_type.startswith("vector<float"):

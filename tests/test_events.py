@@ -10,6 +10,7 @@ import json
 import re
 import struct
 import uuid
+from importlib.metadata import version
 from typing import Any
 
 import fastavro
@@ -17,6 +18,7 @@ import pytest
 
 from cassandra.util import Date, Duration, Time
 from cassandra_cdc.events.event_encoder import EventEncoder, Source
+from cassandra_cdc.events.field_mapping import TypeModes
 from cassandra_cdc.merge.table_view import STATIC_CLUSTERING, table_view
 from cassandra_cdc.schema import TableMetadata, parse_schema
 
@@ -49,17 +51,23 @@ def test_connect_json_carries_schema_and_lossless_payload() -> None:
     assert payload["op"] == "c" and payload["before"] is None and payload["ts_ms"] == 1714979290000
     after = payload["after"]
     assert after["id"] == "6b1c2f0e-1d3a-4c5b-9e8f-0a1b2c3d4e5f"
-    assert after["big"] == "1000000000000000000000000000000"  # varint as text: no loss
-    assert after["price"] == "12.3400"  # decimal keeps its scale
+    # varint: a Connect Decimal of scale 0 (two's complement, big-endian); decimal: Debezium's
+    # VariableScaleDecimal, which keeps the scale.
+    assert int.from_bytes(base64.b64decode(after["big"]), "big", signed=True) == 10**30
+    assert after["price"]["scale"] == 4
+    assert int.from_bytes(base64.b64decode(after["price"]["value"]), "big", signed=True) == 123400
     assert after["at"] == 1714979289123  # milliseconds since the epoch
     assert after["day"] == 19000 and after["tod"] == 3_723_000_000_001
-    assert after["span"] == {"months": 1, "days": 2, "nanoseconds": 3}
+    assert after["span"] == "P0Y1M2DT0H0M0.000000003S"  # io.debezium.time.Interval: ISO 8601, every unit
     assert base64.b64decode(after["raw"]) == b"\x00\xff"
     assert after["counts"] == {"x": 1} and after["ids"] == [[2, "two"]]  # non-text map keys: pairs
     assert after["home"] == {"street": "Main", "number": 4} and after["pair"] == {"field1": 1, "field2": "one"}
-    assert payload["source"] == {"version": "1", "connector": "cassandra", "name": "prod", "cluster": "prod-cluster",
-                                 "keyspace": "shop", "table": "everything", "ts_us": 1714979289123456,
-                                 "snapshot": "false", "node": "node2", "segment": 1700000000000, "position": 4242}
+    assert payload["source"] == {
+        "version": version("cassandra-cdc"), "connector": "cassandra_cdc", "name": "prod",
+        "ts_ms": 1714979289123, "snapshot": "false", "db": "shop", "sequence": None,
+        "ts_us": 1714979289123456,
+        "ts_ns": 1714979289123456000, "cluster": "prod-cluster", "keyspace": "shop", "table": "everything",
+        "node": "node2", "segment": 1700000000000, "position": 4242}
     schema = value["schema"]
     assert schema["name"] == "prod.shop.everything.Envelope"
     fields = {f["field"]: f for f in schema["fields"][1]["fields"]}
@@ -70,6 +78,54 @@ def test_connect_json_carries_schema_and_lossless_payload() -> None:
     key = json.loads(encoder.key(ROW))
     assert key["payload"] == {"id": "6b1c2f0e-1d3a-4c5b-9e8f-0a1b2c3d4e5f", "seq": 7}
     assert [f["field"] for f in key["schema"]["fields"]] == ["id", "seq"]
+
+
+# Debezium's envelope (io.debezium.schema.SchemaFactory.datatypeEnvelopeSchema, Envelope.SCHEMA_VERSION 2) and
+# source (sourceInfoSchemaBuilder, SOURCE_INFO_DEFAULT_SCHEMA_VERSION 1, SnapshotRecord) as read in its code:
+# (field, Connect type, optional).
+DEBEZIUM_ENVELOPE_TAIL = [("op", "string", False), ("ts_ms", "int64", True), ("ts_us", "int64", True),
+                          ("ts_ns", "int64", True), ("transaction", "struct", True)]
+DEBEZIUM_SOURCE_COMMON = [("version", "string", False), ("connector", "string", False), ("name", "string",
+                                                                                         False),
+                          ("ts_ms", "int64", False), ("snapshot", "string", True), ("db", "string", False),
+                          ("sequence", "string", True), ("ts_us", "int64", True), ("ts_ns", "int64", True)]
+OUR_SOURCE_FIELDS = [("cluster", "string", False), ("keyspace", "string", False), ("table", "string", False),
+                     ("node", "string", True), ("segment", "int64", True), ("position", "int64", True)]
+SNAPSHOT_ENUM = {"type": "string", "optional": True, "name": "io.debezium.data.Enum", "version": 1,
+                 "parameters": {"allowed": "true,first,first_in_data_collection,last_in_data_collection,"
+                                           "last,false,incremental"},
+                 "default": "false", "field": "snapshot"}
+
+
+def _shape(fields: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
+    return [(f["field"], f["type"], f["optional"]) for f in fields]
+
+
+def test_envelope_and_source_follow_debezium_conventions() -> None:
+    encoder = EventEncoder("prod", TABLE, "json")
+    schema = json.loads(encoder.value(None, ROW, "c", SOURCE, 1714979290000))["schema"]
+    assert (schema["name"], schema["version"]) == ("prod.shop.everything.Envelope", 2)
+    fields = {f["field"]: f for f in schema["fields"]}
+    assert _shape(schema["fields"])[2:] == [("source", "struct", False)] + DEBEZIUM_ENVELOPE_TAIL
+    transaction = fields["transaction"]
+    assert (transaction["name"], transaction["version"]) == ("event.block", 1)
+    assert _shape(transaction["fields"]) == [("id", "string", False), ("total_order", "int64", False),
+                                             ("data_collection_order", "int64", False)]
+    source = fields["source"]
+    assert (source["name"], source["version"]) == ("io.debezium.connector.cassandra_cdc.Source", 1)
+    assert _shape(source["fields"]) == DEBEZIUM_SOURCE_COMMON + OUR_SOURCE_FIELDS
+    assert source["fields"][4] == SNAPSHOT_ENUM
+    # The envelope's times are the processing time; the source's the write time (a TTL expiry: its time).
+    payload = json.loads(encoder.value(None, ROW, "r", SOURCE._replace(snapshot=True),
+                                       1714979290000))["payload"]
+    assert (payload["ts_ms"], payload["ts_us"], payload["ts_ns"]) == \
+        (1714979290000, 1714979290000000, 1714979290000000000)
+    assert payload["transaction"] is None and payload["source"]["snapshot"] == "true"
+    expiry = SOURCE._replace(ts_us=1714979300 * 1_000_000, node=None, segment=None, position=None)
+    payload = json.loads(encoder.value(ROW, None, "d", expiry, 1714979301000))["payload"]
+    assert {k: payload["source"][k] for k in ("ts_ms", "ts_us", "ts_ns", "node", "segment", "position")} == {
+        "ts_ms": 1714979300000, "ts_us": 1714979300000000, "ts_ns": 1714979300000000000, "node": None,
+        "segment": None, "position": None}
 
 
 def test_connect_json_bytes_are_those_of_one_compact_document() -> None:
@@ -86,13 +142,14 @@ def test_avro_container_is_self_describing() -> None:
     before = dict(ROW, name="coffee")
     record = next(fastavro.reader(io.BytesIO(encoder.value(before, ROW, "u", SOURCE, 1))))
     assert record["op"] == "u" and record["before"]["name"] == "coffee" and record["after"]["name"] == "tea"
-    assert record["after"]["big"] == "1000000000000000000000000000000"
+    assert record["after"]["big"] == decimal.Decimal(10**30)  # Avro's decimal of scale 0
+    assert record["after"]["price"] == {"scale": 4, "value": (123400).to_bytes(3, "big", signed=True)}
     assert record["after"]["ids"] == [{"key": 2, "value": "two"}] and record["after"]["counts"] == {"x": 1}
-    assert record["after"]["id"] == ROW["id"]
+    assert record["after"]["id"] == str(ROW["id"])  # io.debezium.data.Uuid: a string
     assert record["after"]["at"] == datetime.datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=datetime.timezone.utc)
     assert record["source"]["node"] == "node2"
     key = next(fastavro.reader(io.BytesIO(encoder.key(ROW))))
-    assert key == {"id": ROW["id"], "seq": 7}
+    assert key == {"id": str(ROW["id"]), "seq": 7}
 
 
 def test_float_values_show_the_digits_cassandra_shows() -> None:
@@ -119,6 +176,34 @@ class FakeRegistry:
         self.requests += 1
         self.subjects.setdefault(subject, json.loads(json.dumps(schema)))  # what goes over HTTP is JSON text
         return list(self.subjects).index(subject) + 1
+
+
+def test_avro_envelope_and_source_carry_the_connect_properties() -> None:
+    """What Confluent's AvroConverter (AvroData.fromConnectSchema) writes for these Connect schemas."""
+    registry = FakeRegistry()
+    EventEncoder("prod", TABLE, "avro", registry).value(None, ROW, "c", SOURCE, 1)  # type: ignore[arg-type]
+    record_schema = registry.subjects["prod.shop.everything-value"]
+    assert record_schema["connect.version"] == 2
+    assert record_schema["connect.name"] == "prod.shop.everything.Envelope"
+    fields = {f["name"]: f for f in record_schema["fields"]}
+    assert [f["name"] for f in record_schema["fields"]] == \
+        ["before", "after", "source", "op", "ts_ms", "ts_us", "ts_ns", "transaction"]
+    assert fields["ts_us"] == {"name": "ts_us", "type": ["null", "long"], "default": None}
+    source = fields["source"]["type"]
+    assert (source["name"], source["namespace"], source["connect.version"], source["connect.name"]) == \
+        ("Source", "io.debezium.connector.cassandra_cdc", 1, "io.debezium.connector.cassandra_cdc.Source")
+    source_fields = {f["name"]: f for f in source["fields"]}
+    assert source_fields["ts_ms"] == {"name": "ts_ms", "type": "long"}
+    assert source_fields["snapshot"] == {"name": "snapshot", "type": [{
+        "type": "string", "connect.version": 1, "connect.parameters": SNAPSHOT_ENUM["parameters"],
+        "connect.default": "false", "connect.name": "io.debezium.data.Enum"}, "null"], "default": "false"}
+    transaction = fields["transaction"]
+    assert transaction["default"] is None and transaction["type"][0] == "null"
+    assert (transaction["type"][1]["name"], transaction["type"][1]["namespace"]) == ("block", "event")
+    record = next(fastavro.reader(io.BytesIO(EventEncoder("prod", TABLE, "avro").value(None, ROW, "c",
+                                                                                       SOURCE, 7))))
+    assert record["transaction"] is None and record["ts_ns"] == 7_000_000
+    assert record["source"]["db"] == "shop" and record["source"]["ts_ms"] == 1714979289123
 
 
 def test_avro_with_a_registry_uses_the_confluent_wire_format() -> None:
@@ -258,8 +343,7 @@ def test_avro_defines_each_named_type_once_and_names_fields_validly() -> None:
         "work": {"Street_Name_2": "Oak", "_2nd": 7, "Street_Name": "O"},
         "past": [{"Street_Name_2": "Ash", "_2nd": 8, "Street_Name": "A"}],
         "by_floor": [{"key": 3, "value": {"Street_Name_2": "Fir", "_2nd": 9, "Street_Name": "F"}}],
-        "took": {"months": 1, "days": 2, "nanoseconds": 3},
-        "waited": {"months": 4, "days": 5, "nanoseconds": 6},
+        "took": "P0Y1M2DT0H0M0.000000003S", "waited": "P0Y4M5DT0H0M0.000000006S",
         "a": [{"key": 1, "value": "one"}], "b": [{"key": 2, "value": "two"}],
         "p": {"field1": 1, "field2": "one"}, "q": {"field1": 2, "field2": "two"},
         # One name for both tuple types (their elements' kinds): the second is renamed, not taken for
@@ -281,3 +365,127 @@ def test_connect_json_keeps_the_cql_names() -> None:
     assert after["Weird-Name"] == "dash" and after["Weird_Name"] == "underscore"
     assert after["past"] == [{"Street-Name": "Ash", "2nd": 8, "Street_Name": "A"}]
     assert after["by_floor"] == [[3, {"Street-Name": "Fir", "2nd": 9, "Street_Name": "F"}]]
+
+
+DECIMALS = parse_schema("""
+CREATE TABLE shop.numbers (k int PRIMARY KEY, d decimal, v varint, span duration, x double, f float);""")
+NUMBERS = DECIMALS.table("shop", "numbers")
+
+
+def _after(modes: TypeModes, row: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``after`` of an insert in Connect JSON, and the schemas of its fields."""
+    assert NUMBERS is not None
+    document = json.loads(EventEncoder("prod", NUMBERS, "json", modes=modes).value(None, row, "c", SOURCE, 1))
+    value_fields = {f["field"]: f for f in document["schema"]["fields"][1]["fields"]}
+    return document["payload"]["after"], value_fields
+
+
+@pytest.mark.parametrize(("value", "text", "scale", "unscaled"), [
+    ("1E-8", "0.00000001", 8, 1), ("1E+3", "1000", -3, 1), ("-12.3400", "-12.3400", 4, -123400),
+    ("0", "0", 0, 0), ("-128", "-128", 0, -128)])
+def test_decimal_handling_modes(value: str, text: str, scale: int, unscaled: int) -> None:
+    row = {"k": 1, "d": decimal.Decimal(value)}
+    after, fields = _after(TypeModes(decimal="precise"), row)
+    assert fields["d"] == {"type": "struct", "fields": [{"type": "int32", "optional": False,
+                                                         "field": "scale"},
+                                                        {"type": "bytes", "optional": False,
+                                                         "field": "value"}],
+                           "optional": True, "name": "io.debezium.data.VariableScaleDecimal", "version": 1,
+                           "doc": "Variable scaled decimal", "field": "d"}
+    assert after["d"]["scale"] == scale
+    raw = base64.b64decode(after["d"]["value"])
+    assert int.from_bytes(raw, "big", signed=True) == unscaled
+    assert len(raw) == (unscaled.bit_length() // 8) + 1  # Java's BigInteger.toByteArray: the fewest bytes
+    after, fields = _after(TypeModes(decimal="string"), row)
+    assert after["d"] == text and fields["d"]["type"] == "string" and "name" not in fields["d"]
+    after, fields = _after(TypeModes(decimal="double"), row)
+    assert after["d"] == float(value) and fields["d"]["type"] == "double"
+
+
+def test_varint_handling_modes() -> None:
+    row = {"k": 1, "v": -(10**20)}
+    after, fields = _after(TypeModes(varint="precise"), row)
+    assert {k: fields["v"][k] for k in ("type", "name", "version", "parameters")} == {
+        "type": "bytes", "name": "org.apache.kafka.connect.data.Decimal", "version": 1,
+        "parameters": {"scale": "0"}}
+    assert int.from_bytes(base64.b64decode(after["v"]), "big", signed=True) == -(10**20)
+    assert _after(TypeModes(varint="string"), row)[0]["v"] == "-100000000000000000000"
+    # long: Java's BigInteger.longValue, the low 64 bits: -10**20 mod 2**64, as a signed 64-bit number
+    assert _after(TypeModes(varint="long"), row)[0]["v"] == -7766279631452241920
+
+
+@pytest.mark.parametrize(("duration", "iso", "nanoseconds"), [
+    (Duration(14, 3, 3_723_500_000_000), "P1Y2M3DT1H2M3.5S",
+     ((14 * 30 + 3) * 86_400) * 10**9 + 3_723_500_000_000),
+    (Duration(-1, -2, -60_000_000_000), "P0Y-1M-2DT0H-1M0S", -((30 + 2) * 86_400) * 10**9 - 60_000_000_000),
+    (Duration(0, 0, 0), "P0Y0M0DT0H0M0S", 0)])
+def test_duration_as_debezium_interval_or_nano_duration(duration: Duration, iso: str,
+                                                        nanoseconds: int) -> None:
+    after, fields = _after(TypeModes(interval="string"), {"k": 1, "span": duration})
+    assert after["span"] == iso and (fields["span"]["name"], fields["span"]["version"]) == \
+        ("io.debezium.time.Interval", 1)
+    after, fields = _after(TypeModes(interval="numeric"), {"k": 1, "span": duration})
+    assert after["span"] == nanoseconds and (fields["span"]["name"], fields["span"]["type"]) == \
+        ("io.debezium.time.NanoDuration", "int64")
+
+
+def test_nan_and_infinity_are_written_as_the_json_converter_writes_them() -> None:
+    """Kafka's JsonConverter (Jackson) writes a NaN double as "NaN", infinities as "Infinity", "-Infinity":
+    JSON has no such numbers, and a strict parser must read the event."""
+    assert NUMBERS is not None
+    row = {"k": 1, "x": float("nan"), "f": float("-inf")}
+    encoded = EventEncoder("prod", NUMBERS, "json").value(None, row, "c", SOURCE, 1)
+
+    def reject(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    after = json.loads(encoded, parse_constant=reject)["payload"]["after"]
+    assert after["x"] == "NaN" and after["f"] == "-Infinity"
+    row = {"k": 1, "x": float("inf")}
+    assert json.loads(EventEncoder("prod", NUMBERS, "json").value(None, row, "c", SOURCE,
+                                                                  1))["payload"]["after"]["x"] \
+        == "Infinity"
+    avro = next(fastavro.reader(io.BytesIO(EventEncoder("prod", NUMBERS, "avro").value(None, row, "c",
+                                                                                       SOURCE, 1))))
+    assert avro["after"]["x"] == float("inf")  # Avro's doubles hold them
+
+
+def test_logical_types_carry_their_versions() -> None:
+    document = json.loads(EventEncoder("prod", TABLE, "json").value(None, ROW, "c", SOURCE, 1))
+    fields = {f["field"]: f for f in document["schema"]["fields"][1]["fields"]}
+    assert {name: (fields[name]["name"], fields[name]["version"]) for name in ("id", "at", "day", "tod")} == {
+        "id": ("io.debezium.data.Uuid", 1), "at": ("org.apache.kafka.connect.data.Timestamp", 1),
+        "day": ("org.apache.kafka.connect.data.Date", 1), "tod": ("io.debezium.time.NanoTime", 1)}
+
+
+def test_avro_types_carry_the_avro_converters_properties() -> None:
+    registry = FakeRegistry()
+    EventEncoder("prod", TABLE, "avro", registry).value(None, ROW, "c", SOURCE, 1)  # type: ignore[arg-type]
+    envelope = registry.subjects["prod.shop.everything-value"]
+    row = {f["name"]: f["type"][1] for f in envelope["fields"][0]["type"][1]["fields"]}
+    assert row["at"] == {"type": "long", "connect.version": 1,
+                         "connect.name": "org.apache.kafka.connect.data.Timestamp",
+                         "logicalType": "timestamp-millis"}
+    assert row["id"] == {"type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Uuid"}
+    assert row["tiny"] == {"type": "int", "connect.type": "int8"}
+    assert row["big"] == {"type": "bytes", "scale": 0, "precision": 64, "connect.version": 1,
+                          "connect.parameters": {"scale": "0"},
+                          "connect.name": "org.apache.kafka.connect.data.Decimal", "logicalType": "decimal"}
+    assert row["price"] == {"type": "record", "name": "VariableScaleDecimal", "namespace": "io.debezium.data",
+                            "fields": [{"name": "scale", "type": "int"}, {"name": "value", "type": "bytes"}],
+                            "connect.doc": "Variable scaled decimal", "connect.version": 1,
+                            "connect.name": "io.debezium.data.VariableScaleDecimal"}
+
+
+def test_doubles_are_written_as_java_writes_them() -> None:
+    """The JsonConverter writes a double with Java's Double.toString (1.0E300, 1.0E-8, 1.0E7, 100.0), a float
+    with Float.toString; a text that merely looks like a number stays text."""
+    assert NUMBERS is not None
+    encoder = EventEncoder("prod", NUMBERS, "json", modes=TypeModes(decimal="double"))
+    for x, f, x_text, f_text in ((1e300, 1e-8, "1.0E300", "1.0E-8"), (1e7, 100.0, "1.0E7", "100.0"),
+                                 (-0.0001, 1234567.0, "-1.0E-4", "1234567.0")):
+        row = {"k": 1, "d": decimal.Decimal("2.5E-9"), "x": x, "f": f, "span": None, "v": None}
+        text = encoder.value(None, row, "c", SOURCE, 1).decode()
+        assert f'"after":{{"k":1,"d":2.5E-9,"f":{f_text},"span":null,"v":null,"x":{x_text}}}' in text
+    row = {"k": 1, "d": None, "x": None, "f": None, "span": None, "v": None}
+    assert '"d":null' in encoder.value(None, row, "c", SOURCE, 1).decode()

@@ -22,7 +22,7 @@ from cassandra_cdc.pipeline.pipeline_config import ConfigError
 from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.checkpoint_files import checkpoint_files
 from cassandra_cdc.pipeline.streaming_job import (STATE_LAYOUT_FILE, balanced_group_keys, check_checkpoint,
-                                        check_checkpoint_logs, check_state_layout)
+                                        check_checkpoint_logs, check_state_layout, sink_settings)
 from cassandra_cdc.pipeline.event_sink import (BatchCommitLog, MicroBatchTask, SinkError, SinkSettings,
                                                TransactionalProducer, TransactionalTaskSink, task_sink)
 from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
@@ -515,3 +515,25 @@ def test_a_file_uri_checkpoint_is_read_and_written_through_hadoop(spark, broker,
     location = f"file://{directory}/offsets/{damaged.name}"
     with pytest.raises(ConfigError, match=rf"checkpoint file {location} is damaged"):
         check_checkpoint(config, spark)
+
+
+@pytest.mark.parametrize("compacted", [True, False])
+def test_the_tasks_create_event_topics_compacted_and_the_errors_topic_not(broker, tmp_path, compacted):
+    """Debezium's change topics are compacted, tombstones making compaction forget deleted rows; the errors
+    topic is a log, never compacted (output.compacted_topics)."""
+    from confluent_kafka.admin import ConfigResource
+
+    server = f"compaction-{uuid.uuid4().hex[:8]}"
+    config = load_pipeline_config(None, {"server": server, "checkpoint": str(tmp_path / "checkpoint"),
+                                         "kafka.bootstrap_servers": broker.bootstrap_servers,
+                                         "output.exactly_once": False, "output.compacted_topics": compacted})
+    assert config.output.tombstones  # Debezium's default
+    settings = sink_settings(config)
+    events, errors = f"{server}.ks.t", config.errors_topic
+    for topic in (events, errors):
+        write_task(settings, MicroBatchTask(0, 0, "query-1"), topic, 1)
+    admin = broker.admin()
+    policies = {topic: admin.describe_configs([ConfigResource("topic", topic)])[ConfigResource("topic",
+                                                                                               topic)]
+                .result()["cleanup.policy"].value for topic in (events, errors)}
+    assert policies == {events: "compact" if compacted else "delete", errors: "delete"}

@@ -37,7 +37,7 @@ from cassandra_cdc.pipeline.event_sink import SinkSettings, MicroBatchTask, Task
 from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import parse_schema
-from cassandra_cdc.simulator import DeleteRange, Insert, Update, to_mutation
+from cassandra_cdc.simulator import DeleteRange, DeleteRow, Insert, Update, to_mutation
 from cassandra_cdc.kafka.raw_records import RawRecord, record_key
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 
@@ -47,13 +47,14 @@ SCHEMA = parse_schema("""CREATE TABLE app.users (id int PRIMARY KEY, name text, 
 NOW = time.time_ns() // 1000
 
 
-def update_bytes(op: Any) -> bytes:
-    return MutationSerializer.serialize(Mutation(to_mutation(op, SCHEMA).updates), 7)[1:]
+def update_bytes(op: Any, schema: Any = SCHEMA) -> bytes:
+    return MutationSerializer.serialize(Mutation(to_mutation(op, schema).updates), 7)[1:]
 
 
-def copies(op: Any, nodes: tuple[str, ...] = ("node1", "node22", "node333")) -> list[tuple[bytes, bytes]]:
+def copies(op: Any, nodes: tuple[str, ...] = ("node1", "node22", "node333"),
+           schema: Any = SCHEMA) -> list[tuple[bytes, bytes]]:
     """(key, value) of each replica's raw record of one write (node ids of different lengths)."""
-    update = update_bytes(op)
+    update = update_bytes(op, schema)
     return [(record_key(update), RawRecord(node, 1, 100 + i, 7, op.timestamp, update).encode())
             for i, node in enumerate(nodes)]
 
@@ -175,17 +176,20 @@ class _Events:
         return values
 
 
-def started_processor(broker: Any, monkeypatch: Any, tables: list[Any],
-                      fmt: str = "json") -> tuple[ChangeProcessor, _MemoryHandle]:
-    """A processor writing ``fmt`` events, the definitions of ``tables`` on its schema topic."""
+def started_processor(broker: Any, monkeypatch: Any, tables: list[Any], fmt: str = "json",
+                      **settings: Any) -> tuple[ChangeProcessor, _MemoryHandle]:
+    """A processor writing ``fmt`` events, the definitions of ``tables`` on its schema topic; ``settings``
+    other ``ProcessorSettings``."""
     with Producer({"bootstrap.servers": broker.bootstrap_servers}) as producer:
         for table in tables:
             record = SchemaRecord.of(table, "node1")
             producer.produce(SERVER, record.encode(), record.key)
     query = uuid.uuid4().hex  # each test writes as a query of its own: its markers are its own
     sink = SinkSettings(broker.bootstrap_servers, f"{SERVER}.commits", f"test-{query}", topic_partitions=1)
-    processor = ChangeProcessor(ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER, f"{SERVER}.errors",
-                                                  format=fmt, sink=sink))  # type: ignore[arg-type]
+    processor_settings = ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER,
+                                           f"{SERVER}.errors", format=fmt, sink=sink,
+                                           **settings)  # type: ignore[arg-type]
+    processor = ChangeProcessor(processor_settings)
     batch_ids = itertools.count()
     monkeypatch.setattr(MicroBatchTask, "current",
                         classmethod(lambda cls: MicroBatchTask(processor.batch_id, 0, query)))
@@ -213,7 +217,15 @@ def run_task(processor: ChangeProcessor, call: Any, topic: str = f"{SERVER}.app.
     call()
     processor.close()
     processor.next_batch()  # type: ignore[attr-defined]
-    return [json.loads(value)["payload"] for value in processor.events.read(topic)]  # type: ignore[attr-defined]
+    values = processor.events.read(topic)  # type: ignore[attr-defined]
+    payloads = []
+    for value, following in zip(values, values[1:] + [b""]):
+        if value is not None:
+            payload = json.loads(value)["payload"]
+            # output.tombstones, on by default: a d, and only a d, is followed by a tombstone (null value)
+            assert (payload["op"] == "d") == (following is None), payload
+            payloads.append(payload)
+    return payloads
 
 
 def kafka_rows(records: list[tuple[bytes, bytes]]) -> pd.DataFrame:
@@ -314,6 +326,35 @@ def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carr
         event = next(fastavro.reader(io.BytesIO(value)))
         assert (event["op"], event["before"], event["after"]) == (
             "c", None, {"id": 1, "line": None, "owner": "ann", "qty": None})
+    finally:
+        owner.close()
+        owner.events.close()  # type: ignore[attr-defined]
+
+
+CARTS = parse_schema("""CREATE TABLE app.carts (id int, line int, owner text static, qty int,
+    PRIMARY KEY (id, line)) WITH ID = 7d0e7a10-0000-4000-8000-00000000000e AND cdc = true;""")
+
+
+@pytest.mark.parametrize("static_only_rows", ["skip", "emit"])
+def test_skipped_static_only_rows_leave_no_key_with_a_null_clustering_column(
+        broker: Any, spark: Any, monkeypatch: Any, static_only_rows: str) -> None:
+    """output.static_only_rows=skip, for JDBC sinks (a NOT NULL primary key): a partition with static values
+    and no rows gives no event; its static values come with its real rows."""
+    owner, handle = started_processor(broker, monkeypatch, [CARTS.table("app", "carts")],
+                                      static_only_rows=static_only_rows)
+    topic = f"{SERVER}.app.carts"
+    try:
+        events = []
+        for op in (Update("app.carts", {"id": 1}, {"owner": "ann"}, timestamp=NOW),
+                   Insert("app.carts", {"id": 1, "line": 1, "qty": 2}, timestamp=NOW + 1),
+                   DeleteRow("app.carts", {"id": 1, "line": 1}, timestamp=NOW + 2)):
+            events += run_batch(owner, handle, copies(op, schema=CARTS), topic=topic)
+        lines = [(e["op"], (e["after"] or e["before"])["line"]) for e in events]
+        if static_only_rows == "skip":
+            assert lines == [("c", 1), ("d", 1)]
+            assert events[0]["after"] == {"id": 1, "line": 1, "owner": "ann", "qty": 2}
+        else:  # as SELECT * shows the partition: a row with a null line while it has no other
+            assert lines == [("c", None), ("d", None), ("c", 1), ("c", None), ("d", 1)]
     finally:
         owner.close()
         owner.events.close()  # type: ignore[attr-defined]

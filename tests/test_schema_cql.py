@@ -751,6 +751,8 @@ def test_type_round_trips(text: str, value: object, rendered: object, fixed_leng
     ("double", 1e300, "1.0E300"),
     ("double", -1.5e-7, "-1.5E-7"),
     ("double", 12345678.9, "1.23456789E7"),
+    ("double", 1e7, "1.0E7"),
+    ("double", -25000000.0, "-2.5E7"),
     ("double", 100.0, "100.0"),
     ("double", 0.001, "0.001"),
     ("list<double>", [1e-5, -0.0], "[1.0E-5, -0.0]"),

@@ -1,4 +1,6 @@
-"""Debezium-style change events: key and envelope (``before``, ``after``, ``op``, ``source``, ``ts_ms``).
+"""Debezium change events: key and envelope (``before``, ``after``, ``source``, ``op``, ``ts_ms``, ``ts_us``,
+``ts_ns``, ``transaction``), with Debezium's envelope and source conventions (``io.debezium.data.Envelope``,
+``AbstractSourceInfoStructMaker``).
 
 Two encodings: Kafka Connect JSON (``{"schema": …, "payload": …}``, as the JsonConverter writes it
 with schemas enabled) and Avro (Confluent wire format with a schema registry, otherwise a
@@ -10,35 +12,63 @@ from __future__ import annotations
 import io
 import json
 import struct
+from importlib.metadata import version
 from typing import Any, Callable, Literal, Mapping, NamedTuple
 
 import fastavro
 
 from ..kafka import event_topic
 from ..schema import ColumnKind, TableMetadata
-from .field_mapping import FieldMapping, avro_names
+from .field_mapping import FieldMapping, TypeModes, avro_field, avro_names, connect_schema, java_numbers
 
-CONNECTOR = "cassandra"
-SOURCE_VERSION = "1"
+_CONNECTOR_VERSION = version("cassandra-cdc")
+
+CONNECTOR = "cassandra_cdc"
+# Debezium's versions of the envelope and source schemas, whose layout these follow.
+ENVELOPE_SCHEMA_VERSION = 2
+SOURCE_SCHEMA_VERSION = 1
+# Debezium names a connector's source schema io.debezium.connector.<connector>.Source.
+SOURCE_SCHEMA_NAME = f"io.debezium.connector.{CONNECTOR}.Source"
+# Debezium's SnapshotRecord values, in its order: the allowed values of the source's ``snapshot`` enum.
+SNAPSHOT_VALUES = ("true", "first", "first_in_data_collection", "last_in_data_collection", "last", "false",
+                   "incremental")
 
 Format = Literal["json", "avro"]
 Op = Literal["c", "u", "d", "r"]
 Converter = Callable[[Any], Any]
 
-_SOURCE_FIELDS: list[tuple[str, str, str, bool]] = [
-    # name, Connect type, Avro type, optional
-    ("version", "string", "string", False),
-    ("connector", "string", "string", False),
-    ("name", "string", "string", False),
-    ("cluster", "string", "string", False),
-    ("keyspace", "string", "string", False),
-    ("table", "string", "string", False),
-    ("ts_us", "int64", "long", False),
-    ("snapshot", "string", "string", False),
-    ("node", "string", "string", True),
-    ("segment", "int64", "long", True),
-    ("position", "int64", "long", True),
-]
+
+def _source_schema() -> dict[str, Any]:
+    """The ``source`` struct: Debezium's common fields (``sourceInfoSchemaBuilder``), then ours."""
+    snapshot = connect_schema("string", optional=True, name="io.debezium.data.Enum", version=1,
+                              parameters={"allowed": ",".join(SNAPSHOT_VALUES)}, default="false")
+    fields = [connect_schema("string", field="version"), connect_schema("string", field="connector"),
+              connect_schema("string", field="name"), connect_schema("int64", field="ts_ms"),
+              snapshot | {"field": "snapshot"}, connect_schema("string", field="db"),
+              connect_schema("string", optional=True, field="sequence"),
+              connect_schema("int64", optional=True, field="ts_us"),
+              connect_schema("int64", optional=True, field="ts_ns"),
+              connect_schema("string", field="cluster"), connect_schema("string", field="keyspace"),
+              connect_schema("string", field="table"), connect_schema("string", optional=True, field="node"),
+              connect_schema("int64", optional=True, field="segment"),
+              connect_schema("int64", optional=True, field="position")]
+    return connect_schema("struct", fields=fields, name=SOURCE_SCHEMA_NAME, version=SOURCE_SCHEMA_VERSION,
+                          field="source")
+
+
+def _envelope_tail_schemas() -> list[dict[str, Any]]:
+    """The envelope's fields after ``source``, as Debezium's ``Envelope`` builder adds them."""
+    transaction = connect_schema("struct", optional=True, name="event.block", version=1, field="transaction",
+                                 fields=[connect_schema("string", field="id"),
+                                         connect_schema("int64", field="total_order"),
+                                         connect_schema("int64", field="data_collection_order")])
+    return [connect_schema("string", field="op"), connect_schema("int64", optional=True, field="ts_ms"),
+            connect_schema("int64", optional=True, field="ts_us"),
+            connect_schema("int64", optional=True, field="ts_ns"), transaction]
+
+
+SOURCE_SCHEMA = _source_schema()
+ENVELOPE_TAIL_SCHEMAS = _envelope_tail_schemas()
 
 
 class Source(NamedTuple):
@@ -58,10 +88,12 @@ class Source(NamedTuple):
     position: int | None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"version": SOURCE_VERSION, "connector": CONNECTOR, "name": self.name, "cluster": self.cluster,
-                "keyspace": self.keyspace, "table": self.table, "ts_us": self.ts_us,
-                "snapshot": "true" if self.snapshot else "false", "node": self.node, "segment": self.segment,
-                "position": self.position}
+        """The ``source`` block: ``ts_ms``/``ts_us``/``ts_ns`` the write time, ``db`` the keyspace."""
+        return {"version": _CONNECTOR_VERSION, "connector": CONNECTOR, "name": self.name,
+                "ts_ms": self.ts_us // 1000, "snapshot": "true" if self.snapshot else "false",
+                "db": self.keyspace, "sequence": None, "ts_us": self.ts_us, "ts_ns": self.ts_us * 1000,
+                "cluster": self.cluster, "keyspace": self.keyspace, "table": self.table, "node": self.node,
+                "segment": self.segment, "position": self.position}
 
 
 class _Column(NamedTuple):
@@ -75,7 +107,7 @@ class EventEncoder:
     """Encodes the events of one table (one schema version) in one format."""
 
     def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
-                 schema_registry: "SchemaRegistry | None" = None) -> None:
+                 schema_registry: "SchemaRegistry | None" = None, modes: TypeModes = TypeModes()) -> None:
         self.table = table
         self.topic = event_topic(server, table.qualified_name)
         self.format = fmt
@@ -85,22 +117,19 @@ class EventEncoder:
         # A partition with static values and no rows is one row with null clustering columns, as is each row
         # of a static COMPACT STORAGE table (its clustering column is hidden). Clustering columns are optional
         # in every table's key: adding a static column must not change the key schema, nor the key bytes.
-        self._key_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type),
+        self._key_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type, modes),
                                      optional=c.kind is ColumnKind.CLUSTERING) for c in table.primary_key]
-        self._value_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type), optional=True)
+        self._value_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type, modes), optional=True)
                                for c in table.columns]
         self._key_fields = self._fields(self._key_columns)
         self._value_fields = self._fields(self._value_columns)
         if fmt == "json":
             key_schema = self._connect_struct(f"{self._name}.Key", self._key_columns, optional=False)
             row = self._connect_struct(f"{self._name}.Value", self._value_columns, optional=True)
-            value_schema = {
-                "type": "struct", "name": f"{self._name}.Envelope", "optional": False,
-                "fields": [row | {"field": "before"}, row | {"field": "after"},
-                           {"type": "struct", "name": "cassandra_cdc.Source", "optional": False, "field": "source",
-                            "fields": [{"type": t, "optional": o, "field": n} for n, t, _, o in _SOURCE_FIELDS]},
-                           {"type": "string", "optional": False, "field": "op"},
-                           {"type": "int64", "optional": True, "field": "ts_ms"}]}
+            value_schema = connect_schema(
+                "struct", fields=[row | {"field": "before"}, row | {"field": "after"}, SOURCE_SCHEMA,
+                                  *ENVELOPE_TAIL_SCHEMAS],
+                name=f"{self._name}.Envelope", version=ENVELOPE_SCHEMA_VERSION)
             # The schema is most of an event's JSON and never changes: encoded once, not per event.
             self._key_document = _ConnectDocument(key_schema)
             self._value_document = _ConnectDocument(value_schema)
@@ -112,11 +141,8 @@ class EventEncoder:
                 "type": "record", "name": "Envelope", "namespace": namespace,
                 "fields": [{"name": "before", "type": ["null", row], "default": None},
                            {"name": "after", "type": ["null", f"{namespace}.Value"], "default": None},
-                           {"name": "source", "type": {"type": "record", "name": "Source", "namespace": "cassandra_cdc",
-                                                       "fields": [{"name": n, "type": ["null", a] if o else a}
-                                                                  for n, _, a, o in _SOURCE_FIELDS]}},
-                           {"name": "op", "type": "string"},
-                           {"name": "ts_ms", "type": ["null", "long"], "default": None}]}
+                           *(avro_field(schema) for schema in (SOURCE_SCHEMA, *ENVELOPE_TAIL_SCHEMAS))],
+                "connect.version": ENVELOPE_SCHEMA_VERSION, "connect.name": f"{self._name}.Envelope"}
             self._avro_key = fastavro.parse_schema(key_schema)
             self._avro_value = fastavro.parse_schema(value_schema)
             # What a registry is sent: the schemas as declared (a parsed one holds fastavro's own keys).
@@ -126,6 +152,12 @@ class EventEncoder:
 
     # --- public -----------------------------------------------------------------------------------
 
+    def static_only(self, row: dict[str, Any]) -> bool:
+        """Whether ``row`` is the row of a partition with static values and no rows: its clustering columns
+        null (a key a JDBC sink's NOT NULL primary key refuses)."""
+        clustering = [c.name for c in self._key_columns if c.optional]
+        return bool(clustering) and all(row.get(name) is None for name in clustering)
+
     def key(self, row: dict[str, Any]) -> bytes:
         payload = self._row(row, self._key_fields)
         if self.format == "json":
@@ -134,9 +166,12 @@ class EventEncoder:
 
     def value(self, before: dict[str, Any] | None, after: dict[str, Any] | None, op: Op, source: Source,
               ts_ms: int) -> bytes:
+        """The envelope of a change; ``ts_ms`` is when the pipeline processed it (its ``ts_us``, ``ts_ns``
+        the same instant), and ``transaction`` is null: Cassandra has no transactions to report."""
         payload = {"before": None if before is None else self._row(before, self._value_fields),
                    "after": None if after is None else self._row(after, self._value_fields),
-                   "source": source.as_dict(), "op": op, "ts_ms": ts_ms}
+                   "source": source.as_dict(), "op": op, "ts_ms": ts_ms, "ts_us": ts_ms * 1000,
+                   "ts_ns": ts_ms * 1_000_000, "transaction": None}
         if self.format == "json":
             return self._value_document.encode(payload)
         return self._avro(self._avro_value, payload, f"{self.topic}-value")
@@ -160,8 +195,8 @@ class EventEncoder:
 
     @staticmethod
     def _connect_struct(name: str, columns: list[_Column], optional: bool) -> dict[str, Any]:
-        return {"type": "struct", "name": name, "optional": optional,
-                "fields": [c.mapping.connect_schema(optional=c.optional, field=c.field) for c in columns]}
+        return connect_schema("struct", fields=[c.mapping.connect_schema(optional=c.optional, field=c.field)
+                                                for c in columns], optional=optional, name=name)
 
     @staticmethod
     def _avro_columns(name: str, namespace: str, columns: list[_Column]) -> dict:
@@ -222,8 +257,10 @@ def _avro_namespace(name: str) -> str:
 
 # ``json.dumps`` with options builds an encoder per call, a third of the cost of encoding an event's payload;
 # and a payload built here has no cycles to check for.
-_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False)
+# NaN and the infinities are converted to text before (``field_mapping``): JSON has no such numbers.
+_JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False,
+                                 allow_nan=False)
 
 
 def _json(document: Any) -> bytes:
-    return _JSON_ENCODER.encode(document).encode()
+    return java_numbers(_JSON_ENCODER.encode(document).encode())

@@ -5,6 +5,7 @@
     .jvm/lib/cassandra/     Apache Cassandra 5.0 (CassandraDaemon, NodeTool)
     .jvm/lib/kafka/         Apache Kafka 4.x broker (kafka.Kafka, kafka.tools.StorageTool)
     .jvm/lib/spark-kafka/   Spark's Kafka source and sink, with their dependencies
+    .jvm/lib/connect/       Kafka Connect 4.3 (the standalone worker, JsonConverter): the events' consumers
 
 ``CASSANDRA_CDC_JVM_LIB`` points elsewhere; ``JAVA_HOME`` chooses the Java (default: ``java`` on PATH).
 Nothing here downloads anything: a missing piece raises :class:`MissingArtifacts` saying what to run.
@@ -25,9 +26,11 @@ MINIMUM_JAVA = 17
 CASSANDRA = "cassandra"
 KAFKA = "kafka"
 SPARK_KAFKA = "spark-kafka"
+CONNECT = "connect"
 
 # What each classpath directory must hold for the programs started from it.
-_REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-"}
+_REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
+                 CONNECT: "connect-runtime-"}
 
 # The version a jar's file name ends with (Maven's <artifactId>-<version>[-classifier].jar); a classifier
 # starts with a letter or is a build number, so "-0-10_2.13" stays part of spark-sql-kafka-0-10_2.13.
@@ -43,7 +46,8 @@ def lib_directory() -> Path:
 
 
 def jars(name: str) -> list[Path]:
-    """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA`` or ``SPARK_KAFKA``), sorted by name."""
+    """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``), sorted by
+    name."""
     directory = lib_directory() / name
     found = sorted(directory.glob("*.jar"))
     if not any(jar.name.startswith(_REQUIRED_JAR[name]) for jar in found):
@@ -57,11 +61,12 @@ def classpath(name: str) -> str:
 
 
 def missing_reason() -> str | None:
-    """Why the real Cassandra and Kafka cannot run here, or None when they can."""
+    """Why the real Cassandra, Kafka and Kafka Connect cannot run here, or None when they can."""
     try:
         java_executable()
         jars(CASSANDRA)
         jars(KAFKA)
+        jars(CONNECT)
     except MissingArtifacts as error:
         return str(error)
     return None

@@ -42,7 +42,7 @@ import pickle
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
 import pandas as pd
 from pyspark import Accumulator
@@ -56,6 +56,7 @@ from ..schema import TableMetadata
 from ..kafka.raw_records import RawRecord, RawRecordError, decode_update, stored_digest
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
+from ..events.field_mapping import TypeModes
 from ..merge.reconcile import PartitionState, RowChange, apply, expire, next_expiry
 from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
 from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
@@ -76,7 +77,9 @@ class ProcessorSettings:
     errors_topic: str
     format: Format = "json"
     schema_registry: tuple[tuple[str, Any], ...] = ()  # the registry client's settings; none: no registry
-    tombstones: bool = False
+    tombstones: bool = True
+    type_modes: TypeModes = TypeModes()
+    static_only_rows: Literal["emit", "skip"] = "emit"
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
     ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
@@ -268,8 +271,8 @@ class ChangeProcessor(StatefulProcessor):
         out = self._output()
         encoder = self._encoders.get((table.id, version))
         if encoder is None:
-            encoder = self._encoders[(table.id, version)] = EventEncoder(self.settings.server, table,
-                                                                         self.settings.format, self._registry)
+            encoder = self._encoders[(table.id, version)] = EventEncoder(
+                self.settings.server, table, self.settings.format, self._registry, self.settings.type_modes)
         for change in changes:
             before, after = change.before, change.after
             if before is None:
@@ -278,7 +281,11 @@ class ChangeProcessor(StatefulProcessor):
                 op = "d"
             else:
                 op = "u"
-            key = encoder.key(after if after is not None else before)  # type: ignore[arg-type]
+            row = after if after is not None else before
+            skipped = self.settings.static_only_rows == "skip"
+            if skipped and encoder.static_only(row):  # type: ignore[arg-type]
+                continue
+            key = encoder.key(row)  # type: ignore[arg-type]
             out.produce(encoder.topic, key, encoder.value(before, after, op, source, now_ms))
             self._tally.event(table.qualified_name, op, written_us)
             if op == "d" and self.settings.tombstones:

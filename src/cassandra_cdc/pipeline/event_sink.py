@@ -104,6 +104,10 @@ class SinkSettings:
     exactly_once: bool = True
     producer: tuple[tuple[str, Any], ...] = ()  # extra librdkafka settings, as pairs: the settings are hashable
     topic_partitions: int | None = None
+    # The topics the tasks create are compacted (cleanup.policy=compact), but for these, which are logs
+    # (the errors topic: its records are not the latest state of a key).
+    compact_topics: bool = False
+    uncompacted_topics: tuple[str, ...] = ()
 
     def producer_settings(self, **settings: Any) -> dict[str, Any]:
         """Defaults, then ``producer``, then ``settings`` (what the sink's guarantee needs)."""
@@ -162,7 +166,8 @@ class TaskSink(ABC):
         if producer is None:
             return
         if self.settings.topic_partitions is not None and topic not in _EXISTING_TOPICS:
-            ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions)
+            compacted = self.settings.compact_topics and topic not in self.settings.uncompacted_topics
+            ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions, compacted)
             _EXISTING_TOPICS.add(topic)
         while True:
             try:

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..events.field_mapping import DecimalMode, IntervalMode, TypeModes, VarintMode
 from ..settings import ConfigError, load_settings, readable_file
 from ..kafka import ServerTopics
 from ..kafka.security import KafkaConnection
@@ -87,7 +88,26 @@ class OutputSettings(_Section):
                                                               "schema_registry.url.")
     schema_registry: SchemaRegistrySettings | None = Field(
         None, description="Avro: the schema registry, with its login and TLS.")
-    tombstones: bool = Field(False, description="Follow each delete event with a tombstone (null value).")
+    tombstones: bool = Field(
+        True, description="Follow each delete event with a tombstone (null value), as Debezium does by "
+                          "default, so that compaction forgets the row.")
+    compacted_topics: bool = Field(
+        True, description="Create the event topics compacted (cleanup.policy=compact): each keeps the latest "
+                          "event of every row (the errors topic is never compacted).")
+    static_only_rows: Literal["emit", "skip"] = Field(
+        "emit", description="A partition with static values and no rows: emit it as a row with null "
+                            "clustering columns (as SELECT * shows it), or skip it (for JDBC sinks, whose "
+                            "primary key refuses nulls; the static values still come with every real row).")
+    decimal_handling_mode: DecimalMode = Field(
+        "precise", description="decimal columns as Debezium's decimal.handling.mode: precise "
+                               "(io.debezium.data.VariableScaleDecimal), double, or string (digits, no "
+                               "exponent).")
+    varint_handling_mode: VarintMode = Field(
+        "precise", description="varint columns: precise (Connect Decimal, scale 0), long (its low 64 bits, "
+                               "as Debezium's Cassandra connector by default), or string.")
+    interval_handling_mode: IntervalMode = Field(
+        "string", description="duration columns: string (io.debezium.time.Interval, ISO 8601, exact) or "
+                              "numeric (io.debezium.time.NanoDuration, a month counted as 30 days).")
     exactly_once: bool = Field(True, description="Transactional output per micro-batch (consumers use "
                                                  "isolation.level=read_committed); false: at-least-once.")
 
@@ -102,6 +122,10 @@ class OutputSettings(_Section):
         if self.schema_registry is not None:
             return self.schema_registry.client_settings()
         return {"url": self.schema_registry_url} if self.schema_registry_url else {}
+
+    @property
+    def type_modes(self) -> TypeModes:
+        return TypeModes(self.decimal_handling_mode, self.varint_handling_mode, self.interval_handling_mode)
 
 
 class MetricsSettings(_Section):

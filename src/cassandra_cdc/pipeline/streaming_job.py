@@ -75,7 +75,8 @@ def change_events(spark: SparkSession, config: PipelineConfig,
         server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
         schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
         schema_registry=tuple(sorted(config.output.registry_client_settings().items())),
-        tombstones=config.output.tombstones,
+        tombstones=config.output.tombstones, type_modes=config.output.type_modes,
+        static_only_rows=config.output.static_only_rows,
         consumer=tuple(sorted(kafka.librdkafka(kafka.consumer).items())), sink=sink, ranges=ranges,
         tally=tally)
     keys = balanced_group_keys(spark, MAX_RAW_PARTITIONS, config.spark.shuffle_partitions)
@@ -89,7 +90,7 @@ def sink_settings(config: PipelineConfig) -> SinkSettings:
     kafka = config.kafka
     return SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
                         tuple(sorted(kafka.librdkafka(kafka.producer).items())),
-                        kafka.events_topic_partitions)
+                        kafka.events_topic_partitions, config.output.compacted_topics, (config.errors_topic,))
 
 
 def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> list[int]:

@@ -457,7 +457,8 @@ def java_double_text(value: float) -> str:
     ``d.dddE±n`` with at least one digit after the point (``1.0E300``, ``1.5E-7``)."""
     if value == 0 or 1e-3 <= abs(value) < 1e7:
         return repr(value)  # Python's repr is plain with a ".0" in that range, as Java's
-    sign, digits, exponent = decimal.Decimal(repr(value)).as_tuple()
+    # normalize: repr writes 1e7 up to 1e16 plainly (10000000.0), its zeros not significant digits
+    sign, digits, exponent = decimal.Decimal(repr(value)).normalize().as_tuple()
     text = "".join(map(str, digits))
     power = len(text) - 1 + int(exponent)
     return f"{'-' if sign else ''}{text[0]}.{text[1:] or '0'}E{power}"
