@@ -152,7 +152,6 @@ class TableRegistry:
                   "unknown_table_wait_seconds)", where, table_id, wait)
         return None
 
-
     def route(self, table_id: bytes) -> Route | None:
         """The table of an update, by its id bytes; None for a table the schema does not know (then see
         ``await_table``)."""
