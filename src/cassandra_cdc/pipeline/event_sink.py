@@ -18,7 +18,9 @@ Exactly once (``exactly_once=True``): for ``isolation.level=read_committed`` con
 The task for state partition ``p`` of batch ``b`` writes in one Kafka transaction
 (``transactional.id = "<query_name>-<p>"``) that holds its records *and* a marker record keyed
 ``"<query_name>-<p>"`` with value ``{"batch_id": b, ...}`` in the compacted ``commit_topic``. The task
-commits the transaction when it has processed all its input, before Spark commits its state store.
+commits the transaction when it has processed all its input, before Spark commits its state store, and
+only once each of its records and the marker is reported delivered with an offset (else it aborts and
+fails: Spark retries it).
 Before its first record, the task reads the last committed marker of its key (read_committed,
 incrementally, cached per Python worker): if it is ``>= b``, the partition was already committed before
 a crash, and the task writes nothing (it still merges, to rebuild the state Spark did not commit).
