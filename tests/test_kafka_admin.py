@@ -37,3 +37,23 @@ def test_a_topic_kafka_refuses_to_create_is_named_in_the_error(broker: EmbeddedB
     with pytest.raises(KafkaException, match=f"^cannot create topic {topic}: ") as refused:
         publisher.ensure_topics({topic: (0, False)})
     assert refused.value.args[0].code() == KafkaError.INVALID_PARTITIONS  # what the agent's startup looks at
+
+
+def test_a_created_topic_answers_for_every_partition_at_once(real_kafka) -> None:
+    """Once ``create_missing_topics`` returns, each partition's leader answers: a client's first request
+    (here the end offsets; for the sink, its first produce) does not find the topic unknown."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from cassandra_cdc.kafka.admin import create_missing_topics
+
+    admin = real_kafka.admin()
+    consumer = Consumer({"bootstrap.servers": real_kafka.bootstrap_servers, "group.id": "unused"})
+    try:
+        for attempt in range(5):
+            topic = f"ready-{attempt}-{uuid.uuid4().hex[:8]}"
+            create_missing_topics(admin, {topic: (3, False)}, 30.0)
+            for partition in range(3):
+                assert consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=30,
+                                                      cached=False) == (0, 0)
+    finally:
+        consumer.close()

@@ -5,6 +5,7 @@ the embedded broker (noida-db)."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from pathlib import Path
@@ -337,6 +338,32 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
     assert in_worker(first, 4) == (3, False)
     values = [value for _, _, _, value in read_topic(real_kafka, output)]
     assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(5) for i in range(3)]
+
+
+def create_topic_refusing_large_records(broker, topic: str) -> None:
+    """``topic`` with 1 partition whose broker refuses a record over 1 KiB (``MSG_SIZE_TOO_LARGE``)."""
+    from confluent_kafka.admin import NewTopic
+
+    admin = broker.admin()  # kept until the creation's answer: a destroyed client fails it
+    [created] = admin.create_topics([NewTopic(topic, 1, config={"max.message.bytes": "1024"})]).values()
+    created.result()
+
+
+@pytest.mark.parametrize("exactly_once", [True, False])
+def test_a_task_with_a_record_the_broker_refuses_fails(real_kafka, exactly_once):
+    output = f"refused-record-{exactly_once}".lower()
+    create_topic_refusing_large_records(real_kafka, output)
+    settings = SinkSettings(real_kafka.bootstrap_servers, "refused-record-commits",
+                            f"test-refused-{exactly_once}", exactly_once=exactly_once)
+    sink = task_sink(settings, MicroBatchTask(0, 0, "query-1"))
+    sink.produce(output, b"small", b"fits")
+    # Under the client's 1 MB limit, so sent; over the topic's even compressed (random bytes): refused.
+    sink.produce(output, b"large", os.urandom(4096))
+    with pytest.raises(SinkError, match="records were not delivered.*MSG_SIZE_TOO_LARGE"):
+        sink.commit()
+    if exactly_once:  # the transaction was aborted: neither record, nor a marker, is visible
+        assert read_topic(real_kafka, output) == []
+        assert read_topic(real_kafka, "refused-record-commits") == []
 
 
 def test_a_task_sink_needs_a_streaming_task(spark):

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Mapping
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,11 @@ def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bo
     """Create those of ``topics`` (name -> (partitions, compacted)) that do not exist.
 
     Existing topics are left as they are, also one another client creates meanwhile. The replication
-    factor is the broker's default unless given. Raises ``KafkaException`` when Kafka does not answer
-    the metadata request, ``TopicCreationFailed`` (naming the topic) when it refuses to create one.
+    factor is the broker's default unless given. Returns once the leader of each partition of each topic
+    created (here, or meanwhile by another client) answers, within ``timeout``: a new topic is in the
+    metadata before its leaders serve it, and a produce in between can be lost. Raises ``KafkaException``
+    when Kafka does not answer the metadata request, ``TopicCreationFailed`` (naming the topic) when it
+    refuses to create one or one of its partitions has no leader that answers in time.
     """
     existing = admin.list_topics(timeout=timeout).topics
     wanted = [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor,
@@ -58,9 +62,43 @@ def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bo
         except KafkaException as error:
             if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise TopicCreationFailed(name, error.args[0]) from None
+            _wait_for_leaders(admin, name, None, timeout)  # another client's, maybe as new: as many as it has
             continue
         partitions, compacted = topics[name]
+        _wait_for_leaders(admin, name, partitions, timeout)
         log.info("created topic %s (%d partition(s)%s)", name, partitions, ", compacted" if compacted else "")
+
+
+def _wait_for_leaders(admin: AdminClient, topic: str, partitions: int | None, timeout: float) -> None:
+    """Return once the metadata names a leader for each of the ``partitions`` of ``topic`` (None: each one
+    it lists) and each leader answers an offset request; raise ``TopicCreationFailed`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while (not_ready := _partition_not_ready(admin, topic, partitions, timeout)) is not None:
+        if time.monotonic() >= deadline:
+            reason = f"created, but after {timeout:g} s {not_ready}; check the brokers' health and logs"
+            raise TopicCreationFailed(topic, KafkaError(KafkaError._TIMED_OUT, reason))
+        time.sleep(0.1)
+
+
+def _partition_not_ready(admin: AdminClient, topic: str, partitions: int | None,
+                         timeout: float) -> str | None:
+    """What a client would still miss of ``topic`` (None: nothing)."""
+    metadata = admin.list_topics(topic, timeout=timeout).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        return f"the metadata lacks it ({metadata.error if metadata else 'not listed'})"
+    wanted = range(partitions) if partitions is not None else sorted(metadata.partitions)
+    for partition in wanted:
+        described = metadata.partitions.get(partition)
+        if described is None or described.error is not None or described.leader < 0:
+            return f"partition {partition} has no leader in the metadata"
+    offsets = admin.list_offsets({TopicPartition(topic, partition): OffsetSpec.latest()
+                                  for partition in wanted}, request_timeout=timeout)
+    for asked, future in offsets.items():
+        try:
+            future.result()
+        except KafkaException as error:
+            return f"the leader of partition {asked.partition} does not answer ({error.args[0].str()})"
+    return None
 
 
 __all__ = ["TopicCreationFailed", "admin_client", "admin_settings", "create_missing_topics"]

@@ -18,7 +18,9 @@ Exactly once (``exactly_once=True``): for ``isolation.level=read_committed`` con
 The task for state partition ``p`` of batch ``b`` writes in one Kafka transaction
 (``transactional.id = "<query_name>-<p>"``) that holds its records *and* a marker record keyed
 ``"<query_name>-<p>"`` with value ``{"batch_id": b, ...}`` in the compacted ``commit_topic``. The task
-commits the transaction when it has processed all its input, before Spark commits its state store.
+commits the transaction when it has processed all its input, before Spark commits its state store, and
+only once each of its records and the marker is reported delivered with an offset (else it aborts and
+fails: Spark retries it).
 Before its first record, the task reads the last committed marker of its key (read_committed,
 incrementally, cached per Python worker): if it is ``>= b``, the partition was already committed before
 a crash, and the task writes nothing (it still merges, to rebuild the state Spark did not commit).
@@ -74,7 +76,7 @@ import logging
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -159,7 +161,8 @@ class TaskSink(ABC):
         self.task = task
         self.records = 0
         self.skipped = False  # committed by an earlier attempt: nothing is written
-        self._on_delivery: Callable[[KafkaError | None, Message], None] | None = None  # delivery reports wanted
+        self._delivered = 0
+        self._failures: list[str] = []
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         producer = self._producer()
@@ -178,6 +181,20 @@ class TaskSink(ABC):
         self.records += 1
         if not self.records % 1000:
             producer.poll(0)
+
+    def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
+        if error is None and message.offset() >= 0:
+            self._delivered += 1
+        else:
+            self._failures.append(str(error) if error is not None else
+                                  f"no offset for a record of {message.topic()} [{message.partition()}]")
+
+    def _undelivered(self, produced: int) -> str | None:
+        """Why not each of the ``produced`` records is reported written (with its offset), or None."""
+        if self._delivered == produced and not self._failures:
+            return None
+        example = f", e.g. {self._failures[0]}" if self._failures else " (no delivery report)"
+        return f"{produced - self._delivered} of {produced} records were not delivered{example}"
 
     @abstractmethod
     def commit(self) -> None:
@@ -236,7 +253,15 @@ class TransactionalTaskSink(TaskSink):
         marker = {"query": self.settings.query_name, "query_id": task.query_id, "partition": task.partition,
                   "batch_id": task.batch_id, "records": self.records}
         try:
-            transaction.kafka.produce(self.settings.commit_topic, json.dumps(marker).encode(), self.key.encode())
+            transaction.kafka.produce(self.settings.commit_topic, json.dumps(marker).encode(),
+                                      self.key.encode(), on_delivery=self._on_delivery)
+            # A committed transaction must hold every record: librdkafka's commit is meant to fail when one
+            # was not delivered, and a loss it once let through is checked for here, before committing.
+            transaction.kafka.flush(TIMEOUT)
+            undelivered = self._undelivered(self.records + 1)  # with the marker
+            if undelivered is not None:
+                self.abort()
+                raise self._failure("committing", undelivered)
             transaction.commit(task.batch_id)
         except KafkaException as error:
             self.abort()
@@ -249,7 +274,7 @@ class TransactionalTaskSink(TaskSink):
             self._transaction.abort()
             self._transaction = None
 
-    def _failure(self, doing: str, error: KafkaException) -> SinkError:
+    def _failure(self, doing: str, error: KafkaException | str) -> SinkError:
         return SinkError(f"{doing} batch {self.task.batch_id} partition {self.task.partition} in Kafka "
                          f"transaction {self.key} failed: {error}")
 
@@ -442,8 +467,6 @@ class AtLeastOnceTaskSink(TaskSink):
 
     def __init__(self, settings: SinkSettings, task: MicroBatchTask) -> None:
         super().__init__(settings, task)
-        self._failures: list[KafkaError] = []
-        self._on_delivery = self._delivered
         producer_settings = settings.producer_settings(**{"enable.idempotence": True, "acks": "all"})
         identity = json.dumps(producer_settings, sort_keys=True, default=str)
         if identity not in self._producers:
@@ -459,10 +482,6 @@ class AtLeastOnceTaskSink(TaskSink):
         while cls._producers:
             cls._producers.popitem()[1].close()
 
-    def _delivered(self, error: KafkaError | None, _: Message) -> None:
-        if error is not None:
-            self._failures.append(error)
-
     def commit(self) -> None:
         if not self.records:
             return
@@ -470,9 +489,9 @@ class AtLeastOnceTaskSink(TaskSink):
         # librdkafka fails each record after message.timeout.ms (5 min by default): flush ends by then.
         while producer.flush(1.0) and not self._failures:
             pass
-        if self._failures:
-            raise SinkError(f"batch {self.task.batch_id} partition {self.task.partition}: {len(self._failures)} of "
-                            f"{self.records} records were not delivered, e.g. {self._failures[0]}")
+        undelivered = self._undelivered(self.records)
+        if undelivered is not None:
+            raise SinkError(f"batch {self.task.batch_id} partition {self.task.partition}: {undelivered}")
 
 
 def partitions_committed(settings: SinkSettings) -> int:
