@@ -11,12 +11,8 @@ replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
 
 from __future__ import annotations
 
-import base64
-import datetime
-import decimal
 import json
 import signal
-import struct
 import time
 import uuid
 from pathlib import Path
@@ -24,207 +20,21 @@ from typing import Any
 
 import pytest
 import yaml
-from cassandra import ConsistencyLevel, util
+from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from cassandra_cdc.demo.cql_workload import CDC_TABLES as WORKLOAD_CDC_TABLES
+from cassandra_cdc.demo.cql_workload import (SHORT_TTL, Workload, key_columns, late_table_statement,
+                                             schema_statements, table_rows)
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
 
 KEYSPACE = "real_e2e"
 SERVER = "reale2e"
-SCHEMA = [
-    f"CREATE KEYSPACE {KEYSPACE} WITH replication = {{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}}",
-    f"CREATE TYPE {KEYSPACE}.address (street text, number int)",
-    f"""CREATE TABLE {KEYSPACE}.rows (pk int, ck int, s text static, v text, n int, gone text,
-        PRIMARY KEY (pk, ck)) WITH cdc = true""",
-    f"""CREATE TABLE {KEYSPACE}.collections (id int PRIMARY KEY, l list<int>, st set<text>, m map<text, int>,
-        home address, frozen_home frozen<address>, pair tuple<int, text>, frozen_list frozen<list<int>>)
-        WITH cdc = true""",
-    f"CREATE TABLE {KEYSPACE}.counters (id int PRIMARY KEY, hits counter, misses counter) WITH cdc = true",
-    f"""CREATE TABLE {KEYSPACE}.types (id int PRIMARY KEY, amount decimal, total varint, span duration,
-        address inet, at time, day date, stamp timestamp, embedding vector<float, 3>, payload blob,
-        small smallint, tiny tinyint, big bigint, ratio float, flag boolean, uid uuid, tid timeuuid)
-        WITH cdc = true""",
-    f"""CREATE TABLE {KEYSPACE}.expiring (id int PRIMARY KEY, v text)
-        WITH default_time_to_live = 3 AND cdc = true""",
-    f"CREATE TABLE {KEYSPACE}.plain (id int PRIMARY KEY, v text)",
-]
-LATE_TABLE = f"CREATE TABLE {KEYSPACE}.late (id int, ck text, v int, PRIMARY KEY (id, ck)) WITH cdc = true"
-CDC_TABLES = ["rows", "collections", "counters", "types", "expiring", "late"]
-SHORT_TTL = 2  # seconds: every TTL of the workload (and default_time_to_live = 3) has passed before the check
+CDC_TABLES = [*WORKLOAD_CDC_TABLES, "late"]
 CONVERGE_TIMEOUT = 300.0  # seconds for the events to match the tables once writing has ended
-
-
-class Workload:
-    """Statements at CONSISTENCY ALL; ``ts`` hands out explicit write timestamps for out-of-order writes."""
-
-    def __init__(self, session: Any) -> None:
-        self.session = session
-        self.base_ts = int(time.time() * 1_000_000)
-
-    def __call__(self, cql: str, *values: Any) -> Any:
-        return self.session.execute(cql, values or None)
-
-    def rows_table(self, start: int, count: int) -> None:
-        t = f"{KEYSPACE}.rows"
-        for pk in range(start, start + count):
-            for ck in range(4):
-                self(f"INSERT INTO {t} (pk, ck, v, n, gone) VALUES (%s, %s, %s, %s, 'x')",
-                     pk, ck, f"v{ck}", ck)
-            self(f"UPDATE {t} SET s = %s WHERE pk = %s", f"static {pk}", pk)
-            self(f"UPDATE {t} SET v = 'updated' WHERE pk = %s AND ck = 0", pk)  # a cell
-            self(f"DELETE n FROM {t} WHERE pk = %s AND ck = 1", pk)  # a cell deletion
-            self(f"DELETE FROM {t} WHERE pk = %s AND ck = 2", pk)  # a row
-            # A cell's TTL, a row's TTL.
-            self(f"UPDATE {t} USING TTL {SHORT_TTL} SET v = 'short' WHERE pk = %s AND ck = 3", pk)
-            self(f"INSERT INTO {t} (pk, ck, v) VALUES (%s, 10, 'row ttl') USING TTL {SHORT_TTL}", pk)
-            self(f"UPDATE {t} SET v = 'update only' WHERE pk = %s AND ck = 11", pk)  # no row marker
-            self(f"UPDATE {t} USING TTL {SHORT_TTL} SET v = 'update only ttl' WHERE pk = %s AND ck = 12", pk)
-        # A partition deletion, a range deletion, a static-only partition, a partition emptied by cells.
-        self(f"DELETE FROM {t} WHERE pk = %s", start)
-        self(f"DELETE FROM {t} WHERE pk = %s AND ck >= 1 AND ck < 11", start + 1)
-        self(f"INSERT INTO {t} (pk, s) VALUES (%s, 'static only')", start + 100)
-        self(f"UPDATE {t} SET s = 'static then gone' WHERE pk = %s", start + 101)
-        self(f"INSERT INTO {t} (pk, ck, v) VALUES (%s, 0, 'beside a static')", start + 101)
-        self(f"DELETE s FROM {t} WHERE pk = %s", start + 101)
-
-    def out_of_order(self, pk: int) -> None:
-        """Writes whose explicit timestamps arrive out of order: the newest timestamp wins, not the last."""
-        t, ts = f"{KEYSPACE}.rows", self.base_ts
-        self(f"INSERT INTO {t} (pk, ck, v, n) VALUES (%s, 0, 'newest', 1) USING TIMESTAMP {ts + 30}", pk)
-        self(f"INSERT INTO {t} (pk, ck, v, n) VALUES (%s, 0, 'older', 2) USING TIMESTAMP {ts + 10}", pk)
-        self(f"UPDATE {t} USING TIMESTAMP {ts + 40} SET n = 3 WHERE pk = %s AND ck = 0", pk)
-        # Older than the insert: the row stays.
-        self(f"DELETE FROM {t} USING TIMESTAMP {ts + 20} WHERE pk = %s AND ck = 0", pk)
-        self(f"INSERT INTO {t} (pk, ck, v) VALUES (%s, 1, 'deleted later') USING TIMESTAMP {ts + 5}", pk)
-        self(f"DELETE FROM {t} USING TIMESTAMP {ts + 50} WHERE pk = %s AND ck = 1", pk)
-        self(f"INSERT INTO {t} (pk, ck, v) VALUES (%s, 1, 'too old') USING TIMESTAMP {ts + 45}", pk)
-
-    def collections(self, start: int, count: int) -> None:
-        t = f"{KEYSPACE}.collections"
-        for i in range(start, start + count):
-            self(f"INSERT INTO {t} (id, l, st, m, home, frozen_home, pair, frozen_list) VALUES "
-                 "(%s, [1, 2], {'a', 'b'}, {'x': 1, 'y': 2}, {street: 'main', number: 1}, "
-                 "{street: 'frozen', number: 2}, (3, 'three'), [7, 8])", i)
-            self(f"UPDATE {t} SET l = l + [3], st = st + {{'c'}}, m = m + {{'z': 3}} WHERE id = %s", i)
-            self(f"UPDATE {t} SET l = [0] + l WHERE id = %s", i)  # prepend
-            self(f"UPDATE {t} SET l[1] = 10, m['x'] = 11 WHERE id = %s", i)  # element set
-            self(f"DELETE l[2], m['y'] FROM {t} WHERE id = %s", i)  # element delete
-            self(f"UPDATE {t} SET st = st - {{'a'}}, home.number = 5 WHERE id = %s", i)  # a UDT field too
-            self(f"UPDATE {t} USING TTL {SHORT_TTL} SET m['ttl'] = 9, st = st + {{'ttl'}} WHERE id = %s", i)
-            if i % 2:
-                self(f"UPDATE {t} SET l = [42], st = {{'over'}}, m = {{'o': 1}}, pair = (4, 'four'), "
-                     "frozen_home = {street: 'moved', number: 3}, home = {street: 'new'} WHERE id = %s", i)
-            if i % 3 == 0:
-                self(f"DELETE st, home FROM {t} WHERE id = %s", i)
-
-    def counters(self, start: int, count: int) -> None:
-        for i in range(start, start + count):
-            for step in (1, 5, -2):
-                self(f"UPDATE {KEYSPACE}.counters SET hits = hits + %s WHERE id = %s", step, i)
-            self(f"UPDATE {KEYSPACE}.counters SET misses = misses + 1 WHERE id = %s", i)
-        self(f"DELETE FROM {KEYSPACE}.counters WHERE id = %s", start)
-
-    def types(self, start: int, count: int) -> None:
-        for i in range(start, start + count):
-            self(f"INSERT INTO {KEYSPACE}.types (id, amount, total, span, address, at, day, stamp, "
-                 "embedding, "
-                 "payload, small, tiny, big, ratio, flag, uid, tid) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
-                 "%s, %s, %s, %s, %s, %s, %s, %s, now())",
-                 i, decimal.Decimal(f"{i}.0100"), -(10 ** 30) * (i + 1),
-                 util.Duration(i, 2, 3_000_000_000 + i),
-                 f"10.1.{i}.7" if i % 2 else f"2001:db8::{i:x}", util.Time(3_600_000_000_123 + i),
-                 util.Date(19_000 + i), datetime.datetime(2024, 1, 2, 3, 4, 5, 678000) + datetime.timedelta(
-                     days=i), [i * 0.5, -1.25, 7.62], bytes([i, 0, 255]), -i, i % 100, 1 << 40, 7.62,
-                 i % 2 == 0, uuid.UUID(int=i + 1))
-
-    def batches_and_lwt(self, start: int) -> None:
-        t = f"{KEYSPACE}.rows"
-        self(f"BEGIN BATCH INSERT INTO {t} (pk, ck, v) VALUES ({start}, 0, 'logged'); "
-             f"UPDATE {KEYSPACE}.collections SET st = st + {{'batched'}} WHERE id = {start}; "
-             f"DELETE FROM {t} WHERE pk = {start} AND ck = 1; APPLY BATCH")
-        self(f"BEGIN UNLOGGED BATCH INSERT INTO {t} (pk, ck, v) VALUES ({start + 1}, 0, 'unlogged'); "
-             f"INSERT INTO {t} (pk, ck, v) VALUES ({start + 1}, 1, 'unlogged too'); APPLY BATCH")
-        self(f"BEGIN COUNTER BATCH UPDATE {KEYSPACE}.counters SET hits = hits + 100 WHERE id = {start}; "
-             "APPLY BATCH")
-        self(f"INSERT INTO {t} (pk, ck, v) VALUES (%s, 0, 'lwt') IF NOT EXISTS", start + 2)
-        self(f"INSERT INTO {t} (pk, ck, v) VALUES (%s, 0, 'lwt lost') IF NOT EXISTS", start + 2)
-        self(f"UPDATE {t} SET v = 'lwt updated' WHERE pk = %s AND ck = 0 IF v = 'lwt'", start + 2)
-        self(f"UPDATE {t} SET v = 'lwt not applied' WHERE pk = %s AND ck = 0 IF v = 'other'", start + 2)
-
-    def others(self, start: int, count: int) -> None:
-        for i in range(start, start + count):
-            self(f"INSERT INTO {KEYSPACE}.expiring (id, v) VALUES (%s, 'default ttl')", i)
-            self(f"INSERT INTO {KEYSPACE}.expiring (id, v) VALUES (%s, 'own ttl') USING TTL 3600", i + 1000)
-            self(f"INSERT INTO {KEYSPACE}.plain (id, v) VALUES (%s, 'no cdc')", i)
-
-    def late(self, start: int, count: int) -> None:
-        for i in range(start, start + count):
-            self(f"INSERT INTO {KEYSPACE}.late (id, ck, v) VALUES (%s, 'a', %s)", i, i)
-            self(f"UPDATE {KEYSPACE}.late SET v = %s WHERE id = %s AND ck = 'b'", -i, i)
-
-
-def event_shape(value: Any) -> Any:
-    """A value as the driver decodes it, in the shape a JSON event carries it (docs/events.md)."""
-    if value is None or isinstance(value, (bool, int, str, float)):
-        return value
-    if isinstance(value, decimal.Decimal | uuid.UUID):
-        return str(value)
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, datetime.datetime):
-        return round(value.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)
-    if isinstance(value, util.Date):
-        return value.days_from_epoch
-    if isinstance(value, util.Time):
-        return value.nanosecond_time
-    if isinstance(value, util.Duration):
-        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
-    if hasattr(value, "_fields"):  # a user type
-        return {name: event_shape(getattr(value, name)) for name in value._fields}
-    if isinstance(value, tuple):
-        return {f"field{i + 1}": event_shape(v) for i, v in enumerate(value)}
-    if hasattr(value, "items"):
-        return {k: event_shape(v) for k, v in value.items()}
-    return [event_shape(v) for v in value]
-
-
-def float32_shape(value: float) -> float:
-    """A ``float`` column's value with the fewest digits that give back the same 32-bit float, as Java's
-    ``Float.toString`` prints it (the driver widens it to the nearest double)."""
-    single = struct.pack(">f", value)
-    for digits in range(1, 10):
-        shortest = float(f"{value:.{digits}g}")
-        if struct.pack(">f", shortest) == single:
-            return shortest
-    return value
-
-
-def column_shape(cql_type: str, value: Any) -> Any:
-    """``event_shape`` for a column of ``cql_type``, where the driver's value alone does not say it."""
-    if value is None:
-        return None
-    if cql_type == "varint":
-        return str(value)
-    if cql_type == "float":
-        return float32_shape(value)
-    if cql_type.startswith("vector<float"):
-        return [float32_shape(v) for v in value]
-    return event_shape(value)
-
-
-def table_rows(session: Any, table: str) -> tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]:
-    """``SELECT *`` at CONSISTENCY ALL in event shapes, by primary key; also the columns."""
-    metadata = session.cluster.metadata.keyspaces[KEYSPACE].tables[table]
-    key_columns = [c.name for c in metadata.primary_key]
-    result = session.execute(f"SELECT * FROM {KEYSPACE}.{table}")
-    rows = {}
-    for row in result:
-        shaped = {name: column_shape(metadata.columns[name].cql_type, v) for name, v in row._asdict().items()}
-        rows[tuple(shaped[c] for c in key_columns)] = shaped
-    return list(result.column_names), rows
 
 
 def consume_events(bootstrap_servers: str, topics: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -317,10 +127,10 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
     with real_cassandra.driver() as driver:
         session = driver.connect()
         session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.ALL
-        for cql in SCHEMA:
+        for cql in schema_statements(KEYSPACE):
             session.execute(cql)
         assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
-        write = Workload(session)
+        write = Workload(session, KEYSPACE)
         try:
             for agent in system.agents:
                 agent.start()
@@ -351,7 +161,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             # Schema changes while running.
             session.execute(f"ALTER TABLE {KEYSPACE}.rows ADD added int")
             session.execute(f"ALTER TABLE {KEYSPACE}.rows DROP gone")
-            session.execute(LATE_TABLE)
+            session.execute(late_table_statement(KEYSPACE))
             assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
             write(f"UPDATE {KEYSPACE}.rows SET added = 7 WHERE pk = 3 AND ck = 0")
             write(f"INSERT INTO {KEYSPACE}.rows (pk, ck, v, added) VALUES (500, 0, 'after alter', 8)")
@@ -361,7 +171,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             timings["written"] = time.monotonic() - started
             time.sleep(SHORT_TTL + 2)  # every TTL has passed
             topics = {table: f"{SERVER}.{KEYSPACE}.{table}" for table in [*CDC_TABLES, "plain"]}
-            tables = {table: table_rows(session, table) for table in CDC_TABLES}
+            tables = {table: table_rows(session, KEYSPACE, table) for table in CDC_TABLES}
             deadline = time.monotonic() + CONVERGE_TIMEOUT
             while True:
                 events = consume_events(real_kafka.bootstrap_servers, list(topics.values()))
@@ -384,8 +194,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
 def differences_of(events: list[dict[str, Any]], session: Any, table: str,
                    selected: tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]) -> list[str]:
     columns, expected = selected
-    key_columns = [c.name for c in session.cluster.metadata.keyspaces[KEYSPACE].tables[table].primary_key]
-    got = replay((("t", e) for e in events), "t", key_columns)
+    got = replay((("t", e) for e in events), "t", key_columns(session, KEYSPACE, table))
     return compare_rows(got, expected, columns)
 
 
