@@ -29,10 +29,14 @@ JVM_POMS := $(wildcard jvm/pom.xml jvm/*/pom.xml)
 
 install: $(VENV)/.installed .jvm/.installed
 
-# The whole system live: a simulated 3-node cluster, 3 agents, the Spark pipeline, an embedded broker.
-# Writes for DURATION seconds (then ~30-60 s to catch up, check and stop); `make run DURATION=` runs
-# until Ctrl-C. Everything it starts is stopped, and ./demo-data removed, when it ends.
-DURATION ?= 120
+# The whole system live on the real thing: a 3-node Apache Cassandra 5.0 cluster (RF=3) and an Apache
+# Kafka broker started from .jvm/lib, a CQL workload through cassandra-driver, 3 agents on the nodes'
+# cdc_raw, the Spark pipeline, a live view; it ends with the check that every table's events replayed
+# equal SELECT * at CONSISTENCY ALL (exit 1 if not). It writes for DURATION seconds, after starting the
+# nodes, the broker and Spark, and before catching up, checking and stopping (README: measured times);
+# `make run DURATION=` runs until Ctrl-C. Everything it starts is stopped, and ./demo-data removed,
+# when it ends. Without Java and the JVM artifacts: `cassandra-cdc demo --simulated`.
+DURATION ?= 60
 run: install
 	$(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION))
 

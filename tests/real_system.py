@@ -3,24 +3,21 @@
 
 from __future__ import annotations
 
-import base64
 import collections
 import contextlib
-import datetime
-import decimal
 import json
-import struct
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
 import yaml
-from cassandra import ConsistencyLevel, util
+from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from cassandra_cdc.demo.cql_workload import key_columns
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
 from cassandra_cdc.kafka.raw_records import RawRecord
@@ -37,84 +34,6 @@ def session_at_all(cluster: Any, schema: list[str]) -> Iterator[Any]:
             session.execute(cql)
         assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
         yield session
-
-
-def event_shape(value: Any) -> Any:
-    """A value as the driver decodes it, in the shape a JSON event carries it (docs/events.md)."""
-    if value is None or isinstance(value, (bool, int, str, float)):
-        return value
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, decimal.Decimal):  # io.debezium.data.VariableScaleDecimal
-        sign, digits, exponent = value.as_tuple()
-        unscaled = int("".join(map(str, digits))) * (-1 if sign else 1)
-        return {"scale": -exponent, "value": base64.b64encode(_java_bytes(unscaled)).decode()}
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode()
-    if isinstance(value, datetime.datetime):
-        return round(value.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)
-    if isinstance(value, util.Date):
-        return value.days_from_epoch
-    if isinstance(value, util.Time):
-        return value.nanosecond_time
-    if isinstance(value, util.Duration):  # io.debezium.time.Interval, for the positive durations written here
-        minutes, nanoseconds = divmod(value.nanoseconds, 60 * 10**9)
-        hours, minutes = divmod(minutes, 60)
-        seconds = f"{nanoseconds // 10**9}.{nanoseconds % 10**9:09d}".rstrip("0").rstrip(".")
-        return f"P{value.months // 12}Y{value.months % 12}M{value.days}DT{hours}H{minutes}M{seconds}S"
-    if hasattr(value, "_fields"):  # a user type
-        return {name: event_shape(getattr(value, name)) for name in value._fields}
-    if isinstance(value, tuple):
-        return {f"field{i + 1}": event_shape(v) for i, v in enumerate(value)}
-    if hasattr(value, "items"):
-        return {k: event_shape(v) for k, v in value.items()}
-    return [event_shape(v) for v in value]
-
-
-def _java_bytes(number: int) -> bytes:
-    """Java's BigInteger.toByteArray: big-endian two's complement with one sign bit, no more bytes."""
-    length = 1
-    while not -(1 << (8 * length - 1)) <= number < (1 << (8 * length - 1)):
-        length += 1
-    return number.to_bytes(length, "big", signed=True)
-
-
-def float32_shape(value: float) -> float:
-    """A ``float`` column's value with the fewest digits that give back the same 32-bit float, as Java's
-    ``Float.toString`` prints it (the driver widens it to the nearest double)."""
-    single = struct.pack(">f", value)
-    for digits in range(1, 10):
-        shortest = float(f"{value:.{digits}g}")
-        if struct.pack(">f", shortest) == single:
-            return shortest
-    return value
-
-
-def column_shape(cql_type: str, value: Any) -> Any:
-    """``event_shape`` for a column of ``cql_type``, where the driver's value alone does not say it."""
-    if value is None:
-        return None
-    if cql_type == "varint":  # a Connect Decimal of scale 0
-        return base64.b64encode(_java_bytes(value)).decode()
-    if cql_type == "float":
-        return float32_shape(value)
-    if cql_type.startswith("vector<float"):
-        return [float32_shape(v) for v in value]
-    return event_shape(value)
-
-
-def table_rows(session: Any, keyspace: str,
-               table: str) -> tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]:
-    """``SELECT *`` (at the session's consistency, CONSISTENCY ALL in these tests) in event shapes, by
-    primary key; also the columns."""
-    metadata = session.cluster.metadata.keyspaces[keyspace].tables[table]
-    key_columns = [c.name for c in metadata.primary_key]
-    result = session.execute(f"SELECT * FROM {keyspace}.{table}")
-    rows = {}
-    for row in result:
-        shaped = {name: column_shape(metadata.columns[name].cql_type, v) for name, v in row._asdict().items()}
-        rows[tuple(shaped[c] for c in key_columns)] = shaped
-    return list(result.column_names), rows
 
 
 def consume_events(bootstrap_servers: str, topics: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -241,6 +160,5 @@ def differences_of(events: list[dict[str, Any]], session: Any, keyspace: str, ta
                    selected: tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]) -> list[str]:
     """How ``events``, replayed, differ from ``selected`` (``table_rows``)."""
     columns, expected = selected
-    key_columns = [c.name for c in session.cluster.metadata.keyspaces[keyspace].tables[table].primary_key]
-    got = replay((("t", e) for e in events), "t", key_columns)
+    got = replay((("t", e) for e in events), "t", key_columns(session, keyspace, table))
     return compare_rows(got, expected, columns)

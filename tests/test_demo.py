@@ -1,8 +1,10 @@
-"""``cassandra-cdc demo`` end to end (as CI runs it), ``cassandra-cdc tail``, and the pieces the demo adds:
-the final check's comparison and the simulator's schema change."""
+"""``cassandra-cdc demo`` end to end, on real Cassandra and Kafka and on the simulated cluster (as CI runs
+them), ``cassandra-cdc tail``, and the pieces the demo adds: the final check's comparison and the
+simulator's schema change."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -23,24 +25,62 @@ from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Clock, Cluster, EmbeddedBroker, Insert, Update, Workload, to_mutation
 from cassandra_cdc.kafka.raw_records import RawRecord, record_key
 
+from conftest import require_jvm_artifacts
+
 DEMO_TIMEOUT = 400  # seconds; the demo writes for 60 and takes about 2 minutes on an idle 2-core machine
+REAL_DEMO_TIMEOUT = 1200  # seconds; three nodes, a broker and Spark start first on a machine that may be busy
 
 
-def test_demo_runs_and_its_check_passes(tmp_path: Path) -> None:
-    """What CI runs: the whole system for 60 s of writing, then the final check (exit 1 if it fails)."""
-    workdir = tmp_path / "demo-data"
-    demo = subprocess.Popen([sys.executable, "-m", "cassandra_cdc", "demo", "--duration", "60", "--check",
-                             "--workdir", str(workdir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def run_demo(arguments: list[str], timeout: float) -> tuple[int, str]:
+    """``cassandra-cdc demo <arguments>`` as a user runs it; its exit status and output."""
+    demo = subprocess.Popen([sys.executable, "-m", "cassandra_cdc", "demo", *arguments],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        output, _ = demo.communicate(timeout=DEMO_TIMEOUT)
+        output, _ = demo.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        # Twice SIGTERM: the demo stops its broker, agents and pipeline at once, rather than leaving them behind.
+        # Twice SIGTERM: the demo stops what it started at once, rather than leaving it behind.
         demo.terminate()
         time.sleep(1)
         demo.terminate()
-        output, _ = demo.communicate(timeout=120)
-        pytest.fail(f"the demo did not finish within {DEMO_TIMEOUT} s:\n{output[-6000:]}")
-    assert demo.returncode == 0, output[-6000:]
+        output, _ = demo.communicate(timeout=180)
+        pytest.fail(f"the demo did not finish within {timeout} s:\n{output[-6000:]}")
+    return demo.returncode, output
+
+
+@pytest.mark.timeout(REAL_DEMO_TIMEOUT + 300)
+def test_real_demo_runs_and_its_check_passes(tmp_path: Path) -> None:
+    """`make run` on the real thing, with a short writing time: three Cassandra 5.0 nodes and a Kafka
+    broker start, the events of every table replay to SELECT * at CONSISTENCY ALL, all is stopped."""
+    require_jvm_artifacts()
+    workdir = tmp_path / "demo-data"
+    code, output = run_demo(["--duration", "15", "--plain", "--catchup-timeout", "600",
+                             "--workdir", str(workdir)], REAL_DEMO_TIMEOUT)
+    assert code == 0, output[-6000:]
+    for table in ("rows", "collections", "counters", "types", "expiring"):
+        assert re.search(f"✓ cdc_demo.{table}: [0-9,]+ events replay into exactly the table's", output), output
+    assert "✓ cdc_demo.plain (no CDC)" in output
+    assert "✓ no event read twice" in output
+    assert "check passed: the events replayed equal SELECT * at CONSISTENCY ALL on the real cluster" in output
+    assert "Cassandra node 127.0.0.3 up in" in output and "Kafka broker" in output
+    assert not workdir.exists(), "the work directory is removed at the end"
+
+
+def test_real_demo_without_the_jvm_artifacts_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CASSANDRA_CDC_JVM_LIB", str(tmp_path))
+    result = CliRunner().invoke(app, ["demo", "--duration", "1", "--workdir", str(tmp_path / "demo-data")])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "run `make install`" in lines[0] and "cassandra-cdc demo --simulated" in lines[0]
+    assert not (tmp_path / "demo-data").exists()
+
+
+def test_demo_runs_and_its_check_passes(tmp_path: Path) -> None:
+    """What CI runs: the simulated system for 60 s of writing, then the final check (exit 1 if it fails)."""
+    workdir = tmp_path / "demo-data"
+    code, output = run_demo(["--simulated", "--duration", "60", "--check", "--workdir", str(workdir)],
+                            DEMO_TIMEOUT)
+    assert code == 0, output[-6000:]
     assert "check passed" in output
     assert "✓ shop.users: after ALTER TABLE shop.users ADD country text" in output, output[-3000:]
     assert not workdir.exists(), "the work directory is removed at the end"
@@ -48,7 +88,8 @@ def test_demo_runs_and_its_check_passes(tmp_path: Path) -> None:
 
 def test_demo_refuses_a_directory_it_did_not_make(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("not the demo's")
-    result = CliRunner().invoke(app, ["demo", "--duration", "1", "--workdir", str(tmp_path), "--plain"])
+    result = CliRunner().invoke(app, ["demo", "--simulated", "--duration", "1", "--workdir", str(tmp_path),
+                                      "--plain"])
     assert result.exit_code == 1
     assert "is not a demo work directory" in result.output
     assert (tmp_path / "precious.txt").exists()

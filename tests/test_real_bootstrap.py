@@ -23,8 +23,9 @@ import pytest
 
 from cassandra_cdc.demo.processes import ChildProcess
 from conftest import REAL_CASSANDRA_FORMATS
+from cassandra_cdc.demo.cql_workload import table_rows
 from real_system import (System, consume_events, differences_of, records_by_node, session_at_all, table_id,
-                         table_rows, topic_exists, wait_for)
+                         topic_exists, wait_for)
 
 KEYSPACE = "real_snapshot"
 SERVER = "realsnap"

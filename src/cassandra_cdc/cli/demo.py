@@ -7,21 +7,30 @@ from typing import Annotated, Optional
 
 import typer
 
+SIMULATED_RATE = 200.0
+
 
 def demo(
     duration: Annotated[Optional[float], typer.Option(
-        help="Seconds of writing, then stop by itself (default: until Ctrl-C). Starting Spark before, and "
-             "catching up, checking and stopping after, take a minute or more.")] = None,
+        help="Seconds of writing, then stop by itself (default: until Ctrl-C). Starting the nodes and Spark "
+             "before, and catching up, checking and stopping after, take a few minutes more.")] = None,
+    simulated: Annotated[bool, typer.Option(
+        "--simulated", help="A simulated Cassandra 4.1 cluster and an embedded broker instead of real "
+                            "Cassandra 5.0 and Kafka (for machines without Java or `make install`'s JVM "
+                            "artifacts).")] = False,
     check: Annotated[bool, typer.Option(
-        "--check", help="Exit with status 1 when the final check fails (for CI).")] = False,
+        "--check", help="With --simulated: exit with status 1 when the final check fails (for CI); the real "
+                        "demo always does.")] = False,
     workdir: Annotated[Path, typer.Option(
-        help="Where the broker, the nodes' cdc_raw, configurations, checkpoint and logs live.")] = Path("demo-data"),
+        help="Where the broker, the nodes, configurations, checkpoint and logs live.")] = Path("demo-data"),
     keep: Annotated[bool, typer.Option("--keep", help="Keep the work directory afterwards.")] = False,
-    rate: Annotated[float, typer.Option(help="CQL statements per second the simulated cluster runs.")] = 200.0,
-    seed: Annotated[int, typer.Option(help="Seed of the workload.")] = 1,
-    keys: Annotated[int, typer.Option(help="Partitions per table.")] = 100,
+    rate: Annotated[Optional[float], typer.Option(
+        help="CQL statements per second (default: 50 on the real cluster, 200 simulated).")] = None,
+    seed: Annotated[int, typer.Option(help="With --simulated: seed of the workload.")] = 1,
+    keys: Annotated[int, typer.Option(help="With --simulated: partitions per table.")] = 100,
     alter_at: Annotated[Optional[float], typer.Option(
-        help="Seconds into the writing at which the schema changes (default: 40% of --duration, or 30 s).")] = None,
+        help="With --simulated: seconds into the writing at which the schema changes (default: 40% of "
+             "--duration, or 30 s).")] = None,
     catchup_timeout: Annotated[float, typer.Option(
         help="After writing, wait at most this long for the events to catch up with the tables "
              "(less when no event comes for 120 s).")] = 300.0,
@@ -31,18 +40,33 @@ def demo(
 ) -> None:
     """Run the whole system on this machine and watch Cassandra changes become events.
 
-    Starts an embedded Kafka-protocol broker on loopback, a simulated 3-node Cassandra 4.1 cluster (RF=3)
-    writing a realistic workload to three cdc_raw directories (inserts, updates, deletes, TTLs, collections,
-    counters, a table without CDC, one ALTER TABLE), one `cassandra-cdc agent` per node and the
-    `cassandra-cdc pipeline`, as separate processes with the configurations written to --workdir. Shows the
-    events as they come; at the end, replays every event into tables and compares them with the table state
-    the simulator computed from the statements. Ctrl-C stops cleanly (twice: at once); everything started
-    is stopped and the work directory removed (unless --keep, or something failed).
+    Starts, on loopback, a real 3-node Apache Cassandra 5.0 cluster (RF=3, tables with cdc = true) and a
+    real Apache Kafka broker (KRaft) from the JVM artifacts `make install` fetched, writes a CQL workload
+    through cassandra-driver at CONSISTENCY ALL (collections, user types, static columns, TTLs, deletes of
+    cells, rows, partitions and ranges, counters, batches, LWT, many types, a table without CDC), and runs
+    one `cassandra-cdc agent` per node on its real cdc_raw and the `cassandra-cdc pipeline`, as separate
+    processes with the configurations written to --workdir. Shows the events as they come; at the end,
+    replays every event into tables and compares them with SELECT * at CONSISTENCY ALL (exit 1 if they
+    differ). --simulated runs a simulated Cassandra 4.1 cluster and an embedded broker instead. Ctrl-C stops
+    cleanly (twice: at once); everything started is stopped and the work directory removed (unless --keep,
+    or something failed).
     """
     from ..demo import DemoOptions, run_demo
+    from ..demo.real_runner import DEFAULT_RATE, run_real_demo
 
-    if rate <= 0 or keys < 1:
+    if (rate is not None and rate <= 0) or keys < 1:
         raise typer.BadParameter("--rate must be positive and --keys at least 1")
-    options = DemoOptions(workdir=workdir, duration=duration, check=check, keep=keep, rate=rate, seed=seed,
-                          keys=keys, alter_at=alter_at, catchup_timeout=catchup_timeout, live=live)
-    raise typer.Exit(run_demo(options))
+    options = DemoOptions(workdir=workdir, duration=duration, check=check, keep=keep,
+                          rate=rate or (SIMULATED_RATE if simulated else DEFAULT_RATE), seed=seed, keys=keys,
+                          alter_at=alter_at, catchup_timeout=catchup_timeout, live=live)
+    if simulated:
+        raise typer.Exit(run_demo(options))
+    from ..localcluster import missing_reason
+
+    reason = missing_reason()
+    if reason is not None:
+        typer.echo(f"error: the real demo cannot run: {reason}; or run `cassandra-cdc demo --simulated`",
+                   err=True)
+        raise typer.Exit(2)
+    options.check = True  # on the real cluster, the check decides the exit status
+    raise typer.Exit(run_real_demo(options))

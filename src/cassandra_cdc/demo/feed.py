@@ -9,6 +9,7 @@ assigned by hand (no consumer group to rebalance).
 from __future__ import annotations
 
 import collections
+import hashlib
 import json
 import logging
 import threading
@@ -86,6 +87,10 @@ class EventFeed:
         # events carry a value in it.
         self.without_column_us: list[int] = []
         self.with_column_values = 0
+        # Exactly once: a digest of every event read, and the events read a second time.
+        self._digests: set[tuple[str, bytes]] = set()
+        self.duplicates = 0
+        self.duplicate_samples: list[str] = []
         self.error: BaseException | None = None
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -180,6 +185,12 @@ class EventFeed:
                     continue
                 if value is None:
                     continue  # a tombstone following a delete (output.tombstones)
+                digest = (topic, hashlib.blake2b(value, digest_size=16).digest())
+                if digest in self._digests:
+                    self.duplicates += 1
+                    if len(self.duplicate_samples) < 3:
+                        self.duplicate_samples.append(value[:600].decode("utf-8", "replace"))
+                self._digests.add(digest)
                 payload = json.loads(value)["payload"]
                 table = topic[len(self.server) + 1:]
                 op = payload["op"]

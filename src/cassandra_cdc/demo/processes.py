@@ -47,7 +47,10 @@ class ChildProcess:
         return "cassandra-cdc " + " ".join(self.arguments)
 
     def start(self) -> "ChildProcess":
+        """Start it (again, after it exited: ready once its log, appended to, shows the marker again)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._ready = self.ready_marker is None
+        self._log_scanned = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen([*COMMAND, *self.arguments], stdin=subprocess.DEVNULL, stdout=log,

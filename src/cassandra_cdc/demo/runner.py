@@ -2,9 +2,11 @@
 
 Nothing here does the work of a component: the agents and the pipeline are ``cassandra-cdc agent`` and
 ``cassandra-cdc pipeline`` processes reading the YAML files written to the work directory, exactly as an
-operator would run them; the demo only writes those files, drives the simulated cluster, and watches.
+operator would run them; the demo only writes those files, drives the cluster, and watches.
+``DemoBase`` is that lifecycle; ``SimulatedDemo`` runs it on the simulated cluster (below), and
+``real_runner.RealDemo`` on real Cassandra and Kafka.
 
-Timeline: start the broker, the agents (they create the topics), the pipeline; once Spark runs the query,
+The simulated demo's timeline: start the broker, the agents (they create the topics), the pipeline; once Spark runs the query,
 write statements at ``rate`` per second (a commit log sync every 100 ms, small segments so that they
 roll over); at ``alter_at`` seconds of writing, change the schema (the schema file first, then,
 ``SCHEMA_GRACE_SECONDS`` later, the nodes write the new column); after ``duration`` seconds of writing or
@@ -35,6 +37,7 @@ from rich.console import Console
 from ..agent.segment_status import segment_statuses
 from ..kafka import event_topic
 from ..schema import Schema, load_schema_files
+from ..localcluster import JvmError
 from ..simulator import BrokerError, Clock, Cluster, EmbeddedBroker, Workload
 from .table_check import CheckResult, compare_rows, normalized
 from .feed import EventFeed
@@ -108,7 +111,23 @@ class _Stop:
         self.requested.set()
 
 
-class Demo:
+class DemoBase:
+    """What every demo does around its cluster: the work directory, the agents and the pipeline as
+    processes, the event feed, the live view, catching up, the final check, stopping, cleaning up.
+
+    A subclass starts its cluster and broker (``_start_systems``), writes (``_write``), says what the
+    tables must hold (``_table_differences``, ``_expected_rows``) and stops them (``_stop_systems``).
+    """
+
+    server = SERVER
+    cdc_tables: tuple[str, ...] = CDC_TABLES
+    non_cdc_table = NON_CDC_TABLE
+    what_the_check_compares = "the simulated tables"
+    catch_up_poll_seconds = VIEW_SECONDS  # how often catching up compares the events with the tables
+    # Spark gives a Python worker 10 s to start, which a busy machine can exceed; the pipeline then exits,
+    # and resumes from its checkpoint when started again (as often as this, before the demo gives up).
+    pipeline_restarts_allowed = 3
+
     def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
         self.options = options
         self.console = console or Console()
@@ -117,13 +136,53 @@ class Demo:
         self.workdir = options.workdir.resolve()
         self.status = DemoStatus(duration=options.duration, workdir=str(options.workdir))
         self.stop = _Stop()
-        self.broker: EmbeddedBroker | None = None
+        self.bootstrap_servers = ""
+        self.nodes: list[tuple[str, Path]] = []  # (node id, cdc_raw directory) of each node
         self.agents: list[ChildProcess] = []
         self.pipeline: ChildProcess | None = None
         self.feed: EventFeed | None = None
-        self.schema_change = _SchemaChange()
         self.keep_reason = ""
+        self.pipeline_restarts = 0
         self._status_at = 0.0
+
+    # --- what a subclass provides -----------------------------------------------------------------
+
+    def _start_systems(self) -> None:
+        """Start the broker and the cluster; set ``bootstrap_servers``, ``nodes`` and ``status.nodes``."""
+        raise NotImplementedError
+
+    def _agent_schema(self, index: int) -> dict[str, Any]:
+        """The ``schema`` section of the agent beside node ``index``."""
+        raise NotImplementedError
+
+    def _key_columns(self) -> dict[str, list[str]]:
+        """Each CDC table's primary key columns."""
+        raise NotImplementedError
+
+    def _write(self, view: View) -> None:
+        """Write until the duration has passed or Ctrl-C."""
+        raise NotImplementedError
+
+    def _after_writing(self, view: View) -> float:
+        """Once writing has stopped; returns the time (``time.time()``) by which every TTL has passed."""
+        raise NotImplementedError
+
+    def _table_differences(self) -> dict[str, list[str]]:
+        """By CDC table, the differences between its replayed events and what the table holds now."""
+        raise NotImplementedError
+
+    def _expected_rows(self, table: str) -> int:
+        raise NotImplementedError
+
+    def _refresh_tables(self) -> None:
+        """Fill ``status.model_rows`` and ``status.segments_written``."""
+        raise NotImplementedError
+
+    def _extra_checks(self, result: CheckResult) -> None:
+        """What the final check verifies beyond the tables, the table without CDC and the dead letters."""
+
+    def _stop_systems(self) -> None:
+        raise NotImplementedError
 
     # --- the whole run ----------------------------------------------------------------------------
 
@@ -133,31 +192,21 @@ class Demo:
         stopped_early = False
         try:
             self._prepare_workdir()
-            schema = load_schema_files([self._write_schema()])
-            self.broker = EmbeddedBroker(self.workdir / "broker", port=_default_port()).start()
-            self.status.broker = self.broker.bootstrap_servers
-            clock = Clock()
-            cluster = Cluster(self.workdir / "cluster", schema, nodes=3, rf=3, cassandra_version="4.1",
-                              seed=self.options.seed, shuffle=True, segment_size=self.options.segment_size)
-            workload = Workload(schema, seed=self.options.seed, tables=list(TABLES), keys=self.options.keys,
-                                clock=clock, ttl_seconds=TTL_SECONDS)
-            self.status.nodes = [NodeStatus(node.node_id) for node in cluster.nodes]
-            self._start_agents(cluster)
+            self._start_systems()
+            self.status.broker = self.bootstrap_servers
+            self._start_agents()
             self._wait_for_raw_topic()
             self._start_pipeline()
-            self.feed = EventFeed(self.broker.bootstrap_servers, SERVER,
-                                  {t: [c.name for c in _table(schema, t).primary_key] for t in CDC_TABLES},
-                                  (ALTERED_TABLE, ADDED_COLUMN)).start()
+            self.feed = EventFeed(self.bootstrap_servers, self.server, self._key_columns(),
+                                  self._watched_column()).start()
             with View(self.console, self.status, self.options.live) as view:
-                self._wait_for_pipeline(cluster, view)
-                self._write(cluster, workload, clock, view)
-                self.status.phase = "shutting the nodes down"
-                cluster.close_all()
-                self._refresh_status(cluster, force=True)
-                result = self._catch_up(cluster, workload, clock, view)
+                self._wait_for_pipeline(view)
+                self._write(view)
+                ttls_over = self._after_writing(view)
+                result = self._catch_up(view, ttls_over)
         except _StoppedEarly:
             stopped_early = True
-        except (DemoError, BrokerError) as error:
+        except (DemoError, BrokerError, JvmError) as error:
             self.keep_reason = "the demo failed"
             what = "the Kafka-protocol broker: " if isinstance(error, BrokerError) else ""
             self.console.print(f"[bold red]error:[/] {what}{error}", highlight=False)
@@ -188,46 +237,41 @@ class Demo:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / MARKER).write_text("made by cassandra-cdc demo; removed when it ends (unless --keep)\n")
 
-    def _write_schema(self, extra: str = "") -> Path:
-        path = self.workdir / "schema.cql"
-        temp = path.with_suffix(".tmp")
-        temp.write_text(SCHEMA_CQL + extra)
-        temp.replace(path)  # the agents never read a half-written file
-        return path
-
     def _write_yaml(self, name: str, comment: str, settings: dict[str, Any]) -> Path:
         path = self.workdir / name
         path.write_text(f"# {comment}\n" + yaml.safe_dump(settings, sort_keys=False))
         return path
 
-    def _start_agents(self, cluster: Cluster) -> None:
-        assert self.broker is not None
-        for node in cluster.nodes:
-            config = self._write_yaml(f"agent-{node.node_id}.yaml", f"the agent beside {node.node_id} "
+    def _watched_column(self) -> tuple[str, str] | None:
+        """A (table, column) whose presence in events the feed tracks (a schema change)."""
+        return None
+
+    def _start_agents(self) -> None:
+        for index, (node_id, cdc_raw) in enumerate(self.nodes):
+            config = self._write_yaml(f"agent-{node_id}.yaml", f"the agent beside {node_id} "
                                       "(reference: docs/agent.md)", {
-                "server": SERVER,
-                "node_id": node.node_id,
-                "cdc_raw": str(node.cdc_raw_dir),
-                "state_dir": str(self.workdir / "agents" / node.node_id),
-                "schema": {"file": str(self.workdir / "schema.cql")},
-                "kafka": {"bootstrap_servers": self.broker.bootstrap_servers, "raw_topic_partitions": 6},
+                "server": self.server,
+                "node_id": node_id,
+                "cdc_raw": str(cdc_raw),
+                "state_dir": str(self.workdir / "agents" / node_id),
+                "schema": self._agent_schema(index),
+                "kafka": {"bootstrap_servers": self.bootstrap_servers, "raw_topic_partitions": 6},
                 "cleanup": {"mode": "delete"},
                 "metrics": {"port": 0},
             })
-            agent = ChildProcess(f"agent {node.node_id}", ["agent", "--config", str(config)],
-                                 self.workdir / "logs" / f"agent-{node.node_id}.log", ready_marker="tailing")
+            agent = ChildProcess(f"agent {node_id}", ["agent", "--config", str(config)],
+                                 self.workdir / "logs" / f"agent-{node_id}.log", ready_marker="tailing")
             self.agents.append(agent.start())
             self.status.commands.append(agent.command_line)
 
     def _wait_for_raw_topic(self) -> None:
         """The agents create the raw topic; the pipeline needs it to subscribe."""
-        assert self.broker is not None
-        admin = self.broker.admin()
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
         deadline = time.monotonic() + RAW_TOPIC_TIMEOUT
-        while not self._topic_exists(admin, f"{SERVER}.raw"):
+        while not self._topic_exists(admin, f"{self.server}.raw"):
             self._check_children()
             if time.monotonic() > deadline:
-                raise DemoError(f"the agents did not create {SERVER}.raw within {RAW_TOPIC_TIMEOUT:.0f} s; "
+                raise DemoError(f"the agents did not create {self.server}.raw within {RAW_TOPIC_TIMEOUT:.0f} s; "
                                 f"see {self.workdir / 'logs'}")
             if self.stop.requested.is_set():
                 raise _StoppedEarly()
@@ -240,16 +284,18 @@ class Demo:
         except KafkaException:
             return False  # a busy broker: ask again
 
-    def _start_pipeline(self) -> None:
-        assert self.broker is not None
-        comment = "the Spark pipeline (reference: src/cassandra_cdc/pipeline/config.py)"
-        config = self._write_yaml("pipeline.yaml", comment, {
-            "server": SERVER,
+    def _pipeline_settings(self) -> dict[str, Any]:
+        return {
+            "server": self.server,
             "checkpoint": str(self.workdir / "pipeline" / "checkpoint"),
-            "kafka": {"bootstrap_servers": self.broker.bootstrap_servers, "max_offsets_per_trigger": 5000,
+            "kafka": {"bootstrap_servers": self.bootstrap_servers, "max_offsets_per_trigger": 5000,
                       "events_topic_partitions": 3},
             "spark": {"master": "local[2]", "shuffle_partitions": 2, "trigger_interval": "500 milliseconds"},
-        })
+        }
+
+    def _start_pipeline(self) -> None:
+        comment = "the Spark pipeline (reference: src/cassandra_cdc/pipeline/pipeline_config.py)"
+        config = self._write_yaml("pipeline.yaml", comment, self._pipeline_settings())
         self.pipeline = ChildProcess("pipeline", ["pipeline", "--config", str(config)],
                                      self.workdir / "logs" / "pipeline.log", ready_marker="pipeline running")
         self.pipeline.start()
@@ -257,7 +303,7 @@ class Demo:
 
     # --- running ----------------------------------------------------------------------------------
 
-    def _wait_for_pipeline(self, cluster: Cluster, view: View) -> None:
+    def _wait_for_pipeline(self, view: View) -> None:
         """Writing starts once Spark runs the query, so that events follow the writes from the first second."""
         assert self.pipeline is not None
         self.status.phase = "starting Spark"
@@ -269,15 +315,222 @@ class Demo:
             if time.monotonic() > deadline:
                 raise DemoError(f"the pipeline did not start within {PIPELINE_START_TIMEOUT:.0f} s; the end of "
                                 f"{self.pipeline.log_path}:\n{self.pipeline.log_tail()}")
-            self._refresh_status(cluster)
+            self._refresh_status()
             view.update()
             time.sleep(VIEW_SECONDS)
         view.message(f"[{self.status.elapsed:5.0f} s] the pipeline runs; the cluster starts writing "
                      f"{self.options.rate:.0f} statements/s")
 
-    def _write(self, cluster: Cluster, workload: Workload, clock: Clock, view: View) -> None:
-        """Statements at a steady rate, a sync every tick, the schema change on time; until the end or Ctrl-C."""
+    def _refresh_status(self, force: bool = False) -> None:
+        status = self.status
+        now = time.monotonic()
+        if not force and now - self._status_at < STATUS_SECONDS:
+            if self.feed is not None:
+                status.feed = self.feed.snapshot()
+            return
+        self._status_at = now
+        for (node_id, cdc_raw), agent, node_status in zip(self.nodes, self.agents, status.nodes):
+            try:
+                segments = segment_statuses(cdc_raw, self.workdir / "agents" / node_id)
+            except (OSError, ValueError):
+                continue  # a file replaced while being read: next time
+            node_status.segments = len(segments)
+            node_status.lag_bytes = sum(s.lag_bytes or 0 for s in segments)
+            node_status.agent_state = agent.state
+        status.pipeline_state = self.pipeline.state if self.pipeline else "not started"
+        if self.feed is not None:
+            status.feed = self.feed.snapshot()
+            self._refresh_tables()
+            for table in self.cdc_tables:
+                status.replayed_rows[table] = len(self.feed.replayed[table].rows)
+
+    def _check_children(self) -> None:
+        for child in [*self.agents, *([self.pipeline] if self.pipeline else [])]:
+            code = child.exit_code
+            restartable = child is self.pipeline and self.pipeline_restarts < self.pipeline_restarts_allowed
+            if code is not None and restartable:
+                self._restart_pipeline(code)
+            elif code is not None:
+                raise DemoError(f"{child.name} exited with status {code}; the end of {child.log_path}:\n"
+                                f"{child.log_tail()}")
+        if self.feed is not None and self.feed.error is not None:
+            raise DemoError(f"reading the events failed: {self.feed.error}")
+
+    def _restart_pipeline(self, code: int) -> None:
+        """Start the pipeline again, as an operator would: its checkpoint says where it resumes."""
+        assert self.pipeline is not None
+        self.pipeline_restarts += 1
+        lines = self.pipeline.log_tail(60).splitlines() or [""]
+        reason = next((line for line in reversed(lines) if "Exception:" in line or "Error:" in line), lines[-1])
+        self.console.print(f"[{self.status.elapsed:5.0f} s] the pipeline exited with status {code} "
+                           f"({reason.strip()[:300]}); starting it again from its checkpoint (restart "
+                           f"{self.pipeline_restarts} of at most {self.pipeline_restarts_allowed}; its log: "
+                           f"{self.pipeline.log_path})", highlight=False)
+        self.pipeline.start()
+
+    # --- the end ----------------------------------------------------------------------------------
+
+    def _catch_up(self, view: View, ttls_over: float) -> CheckResult | None:
+        """Wait until the last TTLs have expired (``ttls_over``, a ``time.time()``) and the events replay
+        into the tables; then check."""
+        assert self.feed is not None
+        if self.stop.urgent.is_set():
+            return None
+        self.status.phase = "catching up"
+        self.status.writes_per_second = 0.0
+        deadline = time.monotonic() + self.options.catchup_timeout
+        view.message(f"[{self.status.elapsed:5.0f} s] stopped writing after {self.status.statements_total:,} "
+                     "statements;"
+                     f" waiting for the last TTLs to expire and the events to catch up "
+                     f"(at most {self.options.catchup_timeout:.0f} s)")
+        events, progressed_at = -1, time.monotonic()
+        while not self.stop.urgent.is_set():
+            self._check_children()
+            self._refresh_status()
+            view.update()
+            if time.time() >= ttls_over and not self._table_differences():
+                break
+            snapshot = self.status.feed
+            if snapshot is not None and snapshot.total != events:
+                events, progressed_at = snapshot.total, time.monotonic()
+            if time.monotonic() > deadline:
+                view.message(f"the events did not catch up within {self.options.catchup_timeout:.0f} s")
+                break
+            if events > 0 and time.monotonic() - progressed_at > STALL_SECONDS:
+                view.message(f"no new event for {STALL_SECONDS:.0f} s: the events will not catch up")
+                break
+            time.sleep(self.catch_up_poll_seconds)
+        if self.stop.urgent.is_set():
+            return None
+        self.status.phase = "checking"
+        self._refresh_status(force=True)
+        return self._final_check()
+
+    def _final_check(self) -> CheckResult:
+        assert self.feed is not None
+        result = CheckResult()
+        snapshot = self.feed.snapshot()
+        differences = self._table_differences()
+        for table in self.cdc_tables:
+            events = sum(n for (t, _), n in snapshot.counts.items() if t == table)
+            rows = self._expected_rows(table)
+            if table in differences:
+                problems = differences[table]
+                result.fail(f"{table}: {len(problems)} rows differ between the {events:,} events replayed "
+                            f"and the table ({rows:,} rows); the first ones:\n    "
+                            + "\n    ".join(problems[:MISMATCHES_SHOWN]))
+            elif events == 0:
+                result.fail(f"{table}: no events at all")
+            else:
+                result.ok(f"{table}: {events:,} events replay into exactly the table's {rows:,} rows")
+        topics = AdminClient({"bootstrap.servers": self.bootstrap_servers}).list_topics(timeout=10).topics
+        audit_topic = event_topic(self.server, self.non_cdc_table)
+        statements = self.status.statements.get(self.non_cdc_table)
+        if audit_topic in topics:
+            result.fail(f"{self.non_cdc_table} has no cdc = true, yet the topic {audit_topic} exists")
+        elif not statements:
+            result.fail(f"{self.non_cdc_table}: the workload wrote nothing to it, so its absence proves "
+                        "nothing")
+        else:
+            result.ok(f"{self.non_cdc_table} (no CDC): {statements:,} statements, no topic, no events")
+        self._extra_checks(result)
+        if self.pipeline_restarts:
+            result.ok(f"the pipeline exited {self.pipeline_restarts} times and resumed from its checkpoint")
+        if self.feed.duplicates:
+            result.fail(f"{self.feed.duplicates} events read twice; the first:\n    "
+                        + "\n    ".join(self.feed.duplicate_samples))
+        else:
+            result.ok(f"no event read twice (of {snapshot.total:,})")
+        if snapshot.dead_letters:
+            result.fail(f"{snapshot.dead_letters} dead letters on {self.server}.errors; the first:\n    "
+                        + "\n    ".join(self.feed.dead_letter_samples[:3]))
+        else:
+            result.ok(f"no dead letters on {self.server}.errors")
+        return result
+
+    def _shutdown(self) -> None:
+        """Stop what was started, newest first: event reader, pipeline, agents, then cluster and broker."""
+        self.status.phase = "stopping"
+        if self.feed is not None:
+            self.feed.stop()
+        if self.pipeline is not None:
+            # Ctrl-C is the pipeline's clean stop (the streaming query is stopped, the checkpoint consistent).
+            code = self.pipeline.stop(signal.SIGINT, timeout=60)
+            if code not in (0, None, -signal.SIGINT):
+                log.debug("the pipeline exited with %s", code)
+        for agent in self.agents:
+            agent.send(signal.SIGTERM)  # all at once: each finishes its deliveries (up to 30 s)
+        for agent in self.agents:
+            agent.stop(signal.SIGTERM, timeout=40)
+        self._stop_systems()
+
+    def _report(self, result: CheckResult | None) -> None:
+        console = self.console
+        if result is None:
+            console.print("stopped without the final check", highlight=False)
+            return
+        for line in result.passed_lines:
+            console.print(f"[green]✓[/] {line}", highlight=False)
+        for line in result.failures:
+            console.print(f"[red]✗[/] {line}", highlight=False)
+        if result.passed:
+            console.print(f"[bold green]check passed[/]: the events replayed equal "
+                          f"{self.what_the_check_compares}", highlight=False)
+        else:
+            self.keep_reason = "the check failed"
+            console.print("[bold red]check FAILED[/]", highlight=False)
+
+    def _remove_workdir(self) -> None:
+        if not (self.workdir / MARKER).exists():
+            return  # not made by this demo (it refused to start there)
+        if self.options.keep or self.keep_reason:
+            why = "--keep" if self.options.keep else self.keep_reason
+            self.console.print(f"kept {self.options.workdir} ({why}): configurations, logs in logs/, cdc_raw, "
+                               f"checkpoint", highlight=False)
+            return
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class SimulatedDemo(DemoBase):
+    """The demo on a simulated 3-node Cassandra 4.1 cluster and an embedded Kafka-protocol broker."""
+
+    def __init__(self, options: DemoOptions, console: Console | None = None) -> None:
+        super().__init__(options, console)
+        self.broker: EmbeddedBroker | None = None
+        self.schema_change = _SchemaChange()
+
+    def _start_systems(self) -> None:
         options = self.options
+        self.schema = load_schema_files([self._write_schema()])
+        self.broker = EmbeddedBroker(self.workdir / "broker", port=_default_port()).start()
+        self.bootstrap_servers = self.broker.bootstrap_servers
+        self.clock = Clock()
+        self.cluster = Cluster(self.workdir / "cluster", self.schema, nodes=3, rf=3, cassandra_version="4.1",
+                               seed=options.seed, shuffle=True, segment_size=options.segment_size)
+        self.workload = Workload(self.schema, seed=options.seed, tables=list(TABLES), keys=options.keys,
+                                 clock=self.clock, ttl_seconds=TTL_SECONDS)
+        self.nodes = [(node.node_id, node.cdc_raw_dir) for node in self.cluster.nodes]
+        self.status.nodes = [NodeStatus(node.node_id) for node in self.cluster.nodes]
+
+    def _write_schema(self, extra: str = "") -> Path:
+        path = self.workdir / "schema.cql"
+        temp = path.with_suffix(".tmp")
+        temp.write_text(SCHEMA_CQL + extra)
+        temp.replace(path)  # the agents never read a half-written file
+        return path
+
+    def _agent_schema(self, index: int) -> dict[str, Any]:
+        return {"file": str(self.workdir / "schema.cql")}
+
+    def _key_columns(self) -> dict[str, list[str]]:
+        return {t: [c.name for c in _table(self.schema, t).primary_key] for t in CDC_TABLES}
+
+    def _watched_column(self) -> tuple[str, str] | None:
+        return (ALTERED_TABLE, ADDED_COLUMN)
+
+    def _write(self, view: View) -> None:
+        """Statements at a steady rate, a sync every tick, the schema change on time; until the end or Ctrl-C."""
+        options, cluster, workload, clock = self.options, self.cluster, self.workload, self.clock
         self.status.phase = "writing"
         started = time.monotonic()
         self.status.writing_started_at = started
@@ -308,16 +561,15 @@ class Demo:
             while recent and recent[0][0] < now - 5:
                 recent.popleft()
             self.status.writes_per_second = sum(n for _, n in recent) / min(5.0, max(elapsed, TICK_SECONDS))
-            self._schema_change_step(cluster, workload, clock, elapsed, view)
+            self._schema_change_step(elapsed, view)
             self._check_children()
             if now >= next_view:
-                self._refresh_status(cluster)
+                self._refresh_status()
                 view.update()
                 next_view = now + VIEW_SECONDS
             time.sleep(max(0.0, started + (int(elapsed / TICK_SECONDS) + 1) * TICK_SECONDS - time.monotonic()))
 
-    def _schema_change_step(self, cluster: Cluster, workload: Workload, clock: Clock, elapsed: float,
-                            view: View) -> None:
+    def _schema_change_step(self, elapsed: float, view: View) -> None:
         change = self.schema_change
         if change.file_updated_at is None and elapsed >= self.options.schema_change_at:
             self._write_schema(ALTER_CQL)
@@ -329,129 +581,42 @@ class Demo:
         elif (change.file_updated_at is not None and change.applied_at is None
               and elapsed >= change.file_updated_at + SCHEMA_GRACE_SECONDS):
             altered = load_schema_files([self.workdir / "schema.cql"])
-            cluster.alter_schema(altered)
-            workload.alter_schema(altered)
+            self.cluster.alter_schema(altered)
+            self.workload.alter_schema(altered)
             change.applied_at = elapsed
-            change.applied_us = clock.now_micros
+            change.applied_us = self.clock.now_micros
             self.status.schema_change = (f"{_statement(ALTER_CQL)} after {change.file_updated_at:.0f} s of writing; "
                                          f"the nodes write {ADDED_COLUMN} since {elapsed:.0f} s")
 
-    def _refresh_status(self, cluster: Cluster, force: bool = False) -> None:
-        status = self.status
-        now = time.monotonic()
-        if not force and now - self._status_at < STATUS_SECONDS:
-            if self.feed is not None:
-                status.feed = self.feed.snapshot()
-            return
-        self._status_at = now
-        for node, agent, node_status in zip(cluster.nodes, self.agents, status.nodes):
-            try:
-                segments = segment_statuses(node.cdc_raw_dir, self.workdir / "agents" / node.node_id)
-            except (OSError, ValueError):
-                continue  # a file replaced while being read: next time
-            node_status.segments = len(segments)
-            node_status.lag_bytes = sum(s.lag_bytes or 0 for s in segments)
-            node_status.agent_state = agent.state
-        status.segments_written = sum(node.segments_opened for node in cluster.nodes)
-        status.pipeline_state = self.pipeline.state if self.pipeline else "not started"
-        if self.feed is not None:
-            status.feed = self.feed.snapshot()
-            seconds = int(time.time())
-            for table in CDC_TABLES:
-                status.model_rows[table] = len(cluster.rows(table, seconds))
-                status.replayed_rows[table] = len(self.feed.replayed[table].rows)
+    def _after_writing(self, view: View) -> float:
+        self.status.phase = "shutting the nodes down"
+        self.cluster.close_all()
+        self._refresh_status(force=True)
+        return self.clock.now_micros / 1e6 + TTL_SECONDS[1] + 1
 
-    def _check_children(self) -> None:
-        for child in [*self.agents, *([self.pipeline] if self.pipeline else [])]:
-            code = child.exit_code
-            if code is not None:
-                raise DemoError(f"{child.name} exited with status {code}; the end of {child.log_path}:\n"
-                                f"{child.log_tail()}")
-        if self.feed is not None and self.feed.error is not None:
-            raise DemoError(f"reading the events failed: {self.feed.error}")
+    def _refresh_tables(self) -> None:
+        self.status.segments_written = sum(node.segments_opened for node in self.cluster.nodes)
+        seconds = int(time.time())
+        for table in CDC_TABLES:
+            self.status.model_rows[table] = len(self.cluster.rows(table, seconds))
 
-    # --- the end ----------------------------------------------------------------------------------
-
-    def _catch_up(self, cluster: Cluster, workload: Workload, clock: Clock, view: View) -> CheckResult | None:
-        """Wait until the last TTLs have expired and the events replay into the tables; then check."""
+    def _table_differences(self) -> dict[str, list[str]]:
         assert self.feed is not None
-        if self.stop.urgent.is_set():
-            return None
-        self.status.phase = "catching up"
-        self.status.writes_per_second = 0.0
-        ttls_over = clock.now_micros / 1e6 + TTL_SECONDS[1] + 1
-        deadline = time.monotonic() + self.options.catchup_timeout
-        view.message(f"[{self.status.elapsed:5.0f} s] stopped writing after {self.status.statements_total:,} "
-                     "statements;"
-                     f" waiting for the last TTLs to expire and the events to catch up "
-                     f"(at most {self.options.catchup_timeout:.0f} s)")
-        events, progressed_at = -1, time.monotonic()
-        while not self.stop.urgent.is_set():
-            self._check_children()
-            self._refresh_status(cluster)
-            view.update()
-            if time.time() >= ttls_over and not self._table_differences(cluster, int(time.time())):
-                break
-            snapshot = self.status.feed
-            if snapshot is not None and snapshot.total != events:
-                events, progressed_at = snapshot.total, time.monotonic()
-            if time.monotonic() > deadline:
-                view.message(f"the events did not catch up within {self.options.catchup_timeout:.0f} s")
-                break
-            if events > 0 and time.monotonic() - progressed_at > STALL_SECONDS:
-                view.message(f"no new event for {STALL_SECONDS:.0f} s: the events will not catch up")
-                break
-            time.sleep(VIEW_SECONDS)
-        if self.stop.urgent.is_set():
-            return None
-        self.status.phase = "checking"
-        self._refresh_status(cluster, force=True)
-        return self._final_check(cluster, int(time.time()))
-
-    def _table_differences(self, cluster: Cluster, now_seconds: int) -> dict[str, list[str]]:
-        assert self.feed is not None
+        now_seconds = int(time.time())
         differences = {}
         for table in CDC_TABLES:
-            metadata = cluster.models[table].table
-            expected = {k: normalized(v) for k, v in cluster.rows(table, now_seconds).items()}
+            metadata = self.cluster.models[table].table
+            expected = {k: normalized(v) for k, v in self.cluster.rows(table, now_seconds).items()}
             problems = compare_rows(self.feed.rows(table), expected, [c.name for c in metadata.columns])
             if problems:
                 differences[table] = problems
         return differences
 
-    def _final_check(self, cluster: Cluster, now_seconds: int) -> CheckResult:
-        assert self.feed is not None and self.broker is not None
-        result = CheckResult()
-        snapshot = self.feed.snapshot()
-        differences = self._table_differences(cluster, now_seconds)
-        for table in CDC_TABLES:
-            events = sum(n for (t, _), n in snapshot.counts.items() if t == table)
-            rows = len(cluster.rows(table, now_seconds))
-            if table in differences:
-                problems = differences[table]
-                result.fail(f"{table}: {len(problems)} rows differ between the {events:,} events replayed and the "
-                            f"table ({rows:,} rows); the first ones:\n    "
-                            + "\n    ".join(problems[:MISMATCHES_SHOWN]))
-            elif events == 0:
-                result.fail(f"{table}: no events at all")
-            else:
-                result.ok(f"{table}: {events:,} events replay into exactly the table's {rows:,} rows")
-        topics = self.broker.admin().list_topics(timeout=10).topics
-        audit_topic = event_topic(SERVER, NON_CDC_TABLE)
-        if audit_topic in topics:
-            result.fail(f"{NON_CDC_TABLE} has no cdc = true, yet the topic {audit_topic} exists")
-        elif not self.status.statements.get(NON_CDC_TABLE):
-            result.fail(f"{NON_CDC_TABLE}: the workload wrote nothing to it, so its absence proves nothing")
-        else:
-            result.ok(f"{NON_CDC_TABLE} (no CDC): {self.status.statements[NON_CDC_TABLE]:,} statements, no topic, "
-                      f"no events")
+    def _expected_rows(self, table: str) -> int:
+        return len(self.cluster.rows(table, int(time.time())))
+
+    def _extra_checks(self, result: CheckResult) -> None:
         self._check_schema_change(result)
-        if snapshot.dead_letters:
-            result.fail(f"{snapshot.dead_letters} dead letters on {SERVER}.errors; the first:\n    "
-                        + "\n    ".join(self.feed.dead_letter_samples[:3]))
-        else:
-            result.ok(f"no dead letters on {SERVER}.errors")
-        return result
 
     def _check_schema_change(self, result: CheckResult) -> None:
         assert self.feed is not None
@@ -473,51 +638,12 @@ class Demo:
             result.ok(f"{ALTERED_TABLE}: after {_statement(ALTER_CQL)}, events carry {ADDED_COLUMN} "
                       f"({self.feed.with_column_values:,} with a value){note}")
 
-    def _shutdown(self) -> None:
-        """Stop what was started, newest first: event reader, pipeline, agents, broker."""
-        self.status.phase = "stopping"
-        if self.feed is not None:
-            self.feed.stop()
-        if self.pipeline is not None:
-            # Ctrl-C is the pipeline's clean stop (the streaming query is stopped, the checkpoint consistent).
-            code = self.pipeline.stop(signal.SIGINT, timeout=60)
-            if code not in (0, None, -signal.SIGINT):
-                log.debug("the pipeline exited with %s", code)
-        for agent in self.agents:
-            agent.send(signal.SIGTERM)  # all at once: each finishes its deliveries (up to 30 s)
-        for agent in self.agents:
-            agent.stop(signal.SIGTERM, timeout=40)
+    def _stop_systems(self) -> None:
         if self.broker is not None:
             try:
                 self.broker.stop()
             except BrokerError as error:
                 self.console.print(f"[yellow]warning:[/] stopping the broker: {error}", highlight=False)
-
-    def _report(self, result: CheckResult | None) -> None:
-        console = self.console
-        if result is None:
-            console.print("stopped without the final check", highlight=False)
-            return
-        for line in result.passed_lines:
-            console.print(f"[green]✓[/] {line}", highlight=False)
-        for line in result.failures:
-            console.print(f"[red]✗[/] {line}", highlight=False)
-        if result.passed:
-            console.print("[bold green]check passed[/]: the events replayed equal the simulated tables",
-                          highlight=False)
-        else:
-            self.keep_reason = "the check failed"
-            console.print("[bold red]check FAILED[/]", highlight=False)
-
-    def _remove_workdir(self) -> None:
-        if not (self.workdir / MARKER).exists():
-            return  # not made by this demo (it refused to start there)
-        if self.options.keep or self.keep_reason:
-            why = "--keep" if self.options.keep else self.keep_reason
-            self.console.print(f"kept {self.options.workdir} ({why}): configurations, logs in logs/, cdc_raw, "
-                               f"checkpoint", highlight=False)
-            return
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _default_port() -> int | None:
@@ -542,8 +668,8 @@ def _table(schema: Schema, name: str) -> Any:
 
 
 def run_demo(options: DemoOptions, console: Console | None = None) -> int:
-    """Run the demo; return the exit status (1: it failed, or --check and the check failed)."""
-    return Demo(options, console).run()
+    """Run the simulated demo; return the exit status (1: it failed, or --check and the check failed)."""
+    return SimulatedDemo(options, console).run()
 
 
-__all__ = ["Demo", "DemoError", "DemoOptions", "run_demo"]
+__all__ = ["DemoBase", "DemoError", "DemoOptions", "SimulatedDemo", "run_demo"]

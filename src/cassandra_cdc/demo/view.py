@@ -53,6 +53,15 @@ class DemoStatus:
     schema_change: str = ""  # what happened to the schema so far
     feed: FeedSnapshot | None = None
     note: str = ""
+    # What is shown (the simulated demo's unless a demo says otherwise).
+    about: str = ("3 simulated Cassandra 4.1 nodes (RF=3) write commit logs to cdc_raw → 3 agents publish "
+                  "raw records to Kafka ({broker}) → the Spark pipeline merges the replicas → one event per "
+                  "change on demo.<keyspace>.<table>")
+    tables: tuple[str, ...] = TABLES
+    cdc_tables: tuple[str, ...] = CDC_TABLES
+    schema_plan: str | None = f"later: {ALTER_CQL.strip().rstrip(';')}"  # None: no schema change
+    tail_topic: str = "demo.shop.orders"
+    other_topics: str = "demo.raw, demo, demo.errors"
 
     @property
     def elapsed(self) -> float:
@@ -75,13 +84,9 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
 
 
-def tail_command(broker: str) -> str:
+def tail_command(broker: str, topic: str) -> str:
     servers = "" if broker == "127.0.0.1:9092" else f" --bootstrap-servers {broker}"
-    return f"cassandra-cdc tail demo.shop.orders{servers}"
-
-
-def _statement(cql: str) -> str:
-    return cql.strip().rstrip(";")
+    return f"cassandra-cdc tail {topic}{servers}"
 
 
 def render(status: DemoStatus) -> Group:
@@ -93,9 +98,7 @@ def render(status: DemoStatus) -> Group:
         ("cassandra-cdc demo", "bold"), "  ·  ", (status.phase, "bold cyan"), f"  ·  {status.elapsed:.0f} s",
         "  ·  writing: ", clock,
         "  ·  Ctrl-C stops (twice: at once)\n",
-        ("3 simulated Cassandra 4.1 nodes (RF=3) write commit logs to cdc_raw → 3 agents publish raw records "
-         f"to Kafka ({status.broker}) → the Spark pipeline merges the replicas → one event per change on "
-         "demo.<keyspace>.<table>", "dim"))
+        (status.about.format(broker=status.broker), "dim"))
 
     tables = Table(expand=True, title="Tables", title_justify="left")
     tables.add_column("table")
@@ -104,9 +107,9 @@ def render(status: DemoStatus) -> Group:
         tables.add_column(f"{op}: {name}", justify="right", style=OP_STYLES[op])
     tables.add_column("events", justify="right")
     tables.add_column("rows: from events / in the table", justify="right")
-    for table in TABLES:
+    for table in status.tables:
         statements = f"{status.statements.get(table, 0):,}"
-        if table not in CDC_TABLES:
+        if table not in status.cdc_tables:
             tables.add_row(f"{table} (no CDC)", statements, "", "", "", "no topic", "", style="dim")
             continue
         per_op = [counts.get((table, op), 0) for op in "cud"]
@@ -139,7 +142,8 @@ def render(status: DemoStatus) -> Group:
                                  f"dead letters {feed.dead_letters}")
     else:
         flow.add_row("pipeline", status.pipeline_state)
-    flow.add_row("schema", status.schema_change or f"unchanged so far; later: {_statement(ALTER_CQL)}")
+    if status.schema_change or status.schema_plan:
+        flow.add_row("schema", status.schema_change or f"unchanged so far; {status.schema_plan}")
 
     recent = Table.grid(padding=(0, 1))
     for _ in range(4):
@@ -149,7 +153,8 @@ def render(status: DemoStatus) -> Group:
                        Text(event.changes, style="dim"))
     latest = Panel(recent, title="Latest events (op, table, primary key, what changed)", title_align="left")
 
-    hint = Text(f"In another terminal: {tail_command(status.broker)}   (or demo.raw, demo, demo.errors)", style="dim")
+    hint = Text(f"In another terminal: {tail_command(status.broker, status.tail_topic)}   "
+                f"(or {status.other_topics})", style="dim")
     parts: list[Any] = [header, tables, nodes, flow, latest, hint]
     if status.note:
         parts.append(Text(status.note, style="bold"))
@@ -160,7 +165,8 @@ def summary_line(status: DemoStatus) -> str:
     """The plain-text view: one line, for logs and CI."""
     feed = status.feed
     counts = feed.counts if feed else {}
-    per_table = " ".join(f"{t.split('.')[1]}={sum(counts.get((t, op), 0) for op in 'cudr')}" for t in CDC_TABLES)
+    per_table = " ".join(f"{t.split('.')[1]}={sum(counts.get((t, op), 0) for op in 'cudr')}"
+                         for t in status.cdc_tables)
     lag = sum(n.lag_bytes for n in status.nodes)
     line = (f"[{status.elapsed:5.0f} s] {status.phase}: {status.statements_total:,} statements "
             f"({status.writes_per_second:.0f}/s) | agents {_size(lag)} behind | pipeline {status.pipeline_state}")
@@ -188,7 +194,8 @@ class View:
             self.console.print(f"cassandra-cdc demo: broker {self.status.broker}, work directory {self.status.workdir}")
             for command in self.status.commands:
                 self.console.print(f"  started: {command}")
-            self.console.print(f"  watch the events: {tail_command(self.status.broker)}")
+            self.console.print("  watch the events: "
+                               f"{tail_command(self.status.broker, self.status.tail_topic)}")
         return self
 
     def update(self, force: bool = False) -> None:
