@@ -222,10 +222,11 @@ def _schema_read_failure(settings: CassandraSchemaSource, nodes: str, error: Exc
             return (f"schema.cassandra.local_dc: no node of datacenter {settings.local_dc} among {nodes}: "
                     "give the datacenter of the contact points")
         reasons = {}
-    refused = {host: problem for host, problem in reasons.items() if isinstance(problem, AuthenticationFailed)}
+    refused = [f"{host}: {problem}" for host, problem in reasons.items()
+               if isinstance(problem, AuthenticationFailed)]
     if refused:
         user = f"user {settings.username}" if settings.username else "a client without a user"
-        reason = "; ".join(f"{host}: {problem}" for host, problem in refused.items())
+        reason = "; ".join(refused)
         return (f"schema.cassandra: the nodes refused the login of {user}: {reason}; check "
                 "schema.cassandra.username and schema.cassandra.password (or password_file)")
     reason = "; ".join(f"{host}: {problem}" for host, problem in reasons.items()) or str(error)

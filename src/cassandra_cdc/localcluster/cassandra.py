@@ -359,7 +359,8 @@ class CassandraCluster(JvmCluster):
             contact_points, policy = [only.address], WhiteListRoundRobinPolicy([only.address])
         # Waits to match the nodes' longer timeouts (see _node_config).
         profile = ExecutionProfile(load_balancing_policy=policy, request_timeout=60)
-        login = {"auth_provider": PlainTextAuthProvider(*DEFAULT_SUPERUSER)} if self.password_authentication else {}
+        login = ({"auth_provider": PlainTextAuthProvider(*DEFAULT_SUPERUSER)}
+                 if self.password_authentication else {})
         options = {"max_schema_agreement_wait": 60, "connect_timeout": 30, "control_connection_timeout": 30,
                    **login, **options}
         cluster = Cluster(contact_points, port=self.native_port, protocol_version=ProtocolVersion.V5,
