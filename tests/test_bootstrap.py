@@ -73,10 +73,12 @@ def config_for(broker: EmbeddedBroker, root: Path, server: str) -> Any:
                               "kafka.bootstrap_servers": broker.bootstrap_servers})
 
 
-def read_topic(broker: EmbeddedBroker, topic: str, after: dict[int, int] | None = None) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of ``topic`` to its end (from the offsets ``after`` gives, per partition)."""
+def read_topic(broker: Any, topic: str, after: dict[int, int] | None = None,
+               security: dict[str, Any] | None = None) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of ``topic`` to its end (from the offsets ``after`` gives, per partition), read with
+    the librdkafka ``security`` settings if given."""
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"check-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
+                         "enable.auto.commit": False, "enable.partition.eof": True, **(security or {})})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         assignments = [TopicPartition(topic, p, (after or {}).get(p, 0)) for p in partitions]

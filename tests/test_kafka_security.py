@@ -21,6 +21,10 @@ from cassandra_cdc.localcluster.certificates import CertificateAuthority
 from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
 from cassandra_cdc.settings import ConfigError
 from conftest import require_jvm_artifacts
+from cassandra_cdc.kafka.raw_records import RawRecord
+from cassandra_cdc.kafka.schema_records import SchemaRecord
+from cassandra_cdc.sstable import SSTable
+from test_bootstrap import FIXTURE, TABLE, TABLE_ID, read_topic, replica_snapshots, schema_file
 from test_pipeline_faults import (V1, RawPublisher, connector_jars, pipeline_command, read_all,
                                   start_pipeline, stop_pipeline, wait_for)
 from cassandra_cdc.simulator import Insert
@@ -200,20 +204,51 @@ def test_the_pipeline_reads_and_writes_through_sasl_ssl(secure_kafka: Any, tmp_p
     assert tail.returncode == 0 and len(tail.stdout.splitlines()) == 10, tail.stderr
 
 
+def secure_pipeline_file(secure_kafka: Any, tmp_path: Path, security: dict[str, Any],
+                         server: str = "s") -> Path:
+    """A pipeline configuration for the secured broker, logging in with ``security``."""
+    path = pipeline_file(tmp_path, security)
+    config = yaml.safe_load(path.read_text())
+    config["kafka"]["bootstrap_servers"] = secure_kafka.bootstrap_servers
+    config["server"] = server
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_the_bootstrap_publishes_through_sasl_ssl(secure_kafka: Any, tmp_path: Path) -> None:
+    """``cassandra-cdc bootstrap`` (SCRAM-SHA-256) reads the schema topic, creates the topics and publishes
+    the schema and one node's snapshot of a real SSTable through SASL_SSL; its records read back through
+    SASL_SSL are the SSTable's five partitions."""
+    security = secure_kafka.security("cdc-pipeline", mechanism="SCRAM-SHA-256")
+    config = secure_pipeline_file(secure_kafka, tmp_path, section(security), server="secure-bootstrap")
+    snapshot = replica_snapshots(tmp_path)[0]
+    result = run_cli("bootstrap", "-c", str(config), "--table", TABLE, "--schema", str(schema_file(tmp_path)),
+                     "--no-progress", "--sstables", str(snapshot), timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "1 of 1 tasks run" in result.stdout and "250 rows" in result.stdout, result.stdout
+    (_, schema_value), = read_topic(secure_kafka, "secure-bootstrap", security=security.librdkafka())
+    assert SchemaRecord.decode(schema_value).table_id == str(TABLE_ID)
+    raw = read_topic(secure_kafka, "secure-bootstrap.raw", security=security.librdkafka())
+    records = [RawRecord.decode(value) for _, value in raw]
+    assert all(r.snapshot for r in records)
+    partitions = [offset for offset, _ in SSTable(FIXTURE).partitions_with_offsets()]
+    assert sorted(r.position for r in records) == partitions
+
+
 def test_a_wrong_password_is_one_clear_line(secure_kafka: Any, tmp_path: Path) -> None:
-    """tail, the pipeline and the agent: exit status 2 and one line naming the refusal, no traceback, and
-    never the password given."""
+    """tail, the pipeline, the bootstrap and the agent: exit status 2 and one line naming the refusal, no
+    traceback, and never the password given."""
     wrong = "not-the-password"
     security = section(secure_kafka.security("cdc-pipeline", password=wrong))
-    pipeline_yaml = pipeline_file(tmp_path, security)
-    config = yaml.safe_load(pipeline_yaml.read_text())
-    config["kafka"]["bootstrap_servers"] = secure_kafka.bootstrap_servers
-    pipeline_yaml.write_text(yaml.safe_dump(config))
+    pipeline_yaml = secure_pipeline_file(secure_kafka, tmp_path, security)
+    snapshot = replica_snapshots(tmp_path)[0]
     (tmp_path / "agent").mkdir()
     harness = Harness(tmp_path / "agent", secure_kafka)
     agent_yaml = harness.config_file(kafka__security=security)
     for command in (["tail", "anything", "--config", str(pipeline_yaml)],
                     ["pipeline", "--config", str(pipeline_yaml)],
+                    ["bootstrap", "--config", str(pipeline_yaml), "--table", TABLE, "--schema",
+                     str(schema_file(tmp_path)), "--sstables", str(snapshot)],
                     ["agent", "--config", str(agent_yaml)]):
         result = run_cli(*command)
         output = (result.stdout + result.stderr).strip()

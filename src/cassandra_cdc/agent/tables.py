@@ -15,17 +15,21 @@ skipped at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
 from ..schema.system_schema import fetch_schema
 from .agent_config import AgentConfig, CassandraSchemaSource, ConfigError
 
 log = logging.getLogger(__name__)
+driver_log = logging.getLogger("cassandra_cdc.cassandra_driver")
+# The driver's loggers that report connection attempts: each failed one with a traceback.
+_DRIVER_CONNECTION_LOGGERS = ("cassandra.cluster", "cassandra.connection", "cassandra.pool")
 
 # A table id given up on (unknown for longer than unknown_table_wait_seconds) is looked up again at most this
 # often.
@@ -195,24 +199,59 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
 
         settings = source.cassandra
         assert settings is not None
-        cluster = cql_cluster(settings)
         nodes = ", ".join(settings.contact_points)
-        try:
-            return fetch_schema(cluster.connect())
-        except (NoHostAvailable, DriverException, OSError) as error:
-            reasons = getattr(error, "errors", None)
-            if not isinstance(reasons, dict) or not reasons:
-                if settings.local_dc is not None:  # no node to ask: none is in the local datacenter
-                    raise ConfigError(f"schema.cassandra.local_dc: no node of datacenter {settings.local_dc} "
-                                      f"among {nodes}: give the datacenter of the contact points") from None
-                reasons = {}
-            reason = "; ".join(f"{host}: {problem}" for host, problem in reasons.items()) or str(error)
-            raise ConfigError(f"schema.cassandra: cannot read the schema from {nodes} port {settings.port}: "
-                              f"{reason}") from None
-        finally:
-            cluster.shutdown()
+        with _driver_log_at_debug():
+            cluster = cql_cluster(settings)
+            try:
+                return fetch_schema(cluster.connect())
+            except (NoHostAvailable, DriverException, OSError) as error:
+                raise ConfigError(_schema_read_failure(settings, nodes, error)) from None
+            finally:
+                cluster.shutdown()
 
     return from_cluster
+
+
+def _schema_read_failure(settings: CassandraSchemaSource, nodes: str, error: Exception) -> str:
+    """One line on why no node answered the schema read."""
+    from cassandra import AuthenticationFailed
+
+    reasons = getattr(error, "errors", None)
+    if not isinstance(reasons, dict) or not reasons:
+        if settings.local_dc is not None:  # no node to ask: none is in the local datacenter
+            return (f"schema.cassandra.local_dc: no node of datacenter {settings.local_dc} among {nodes}: "
+                    "give the datacenter of the contact points")
+        reasons = {}
+    refused = [f"{host}: {problem}" for host, problem in reasons.items()
+               if isinstance(problem, AuthenticationFailed)]
+    if refused:
+        user = f"user {settings.username}" if settings.username else "a client without a user"
+        reason = "; ".join(refused)
+        return (f"schema.cassandra: the nodes refused the login of {user}: {reason}; check "
+                "schema.cassandra.username and schema.cassandra.password (or password_file)")
+    reason = "; ".join(f"{host}: {problem}" for host, problem in reasons.items()) or str(error)
+    return f"schema.cassandra: cannot read the schema from {nodes} port {settings.port}: {reason}"
+
+
+class _ToDebug(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        driver_log.debug("%s: %s", record.name, record.getMessage(), exc_info=record.exc_info)
+        return False
+
+
+@contextlib.contextmanager
+def _driver_log_at_debug() -> Iterator[None]:
+    """The driver's connection lines at DEBUG: a schema read that fails is reported as one line with the
+    driver's reasons (a ConfigError), not as the driver's warnings and tracebacks of each attempt."""
+    to_debug = _ToDebug()
+    loggers = [logging.getLogger(name) for name in _DRIVER_CONNECTION_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(to_debug)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(to_debug)
 
 
 def cql_cluster(settings: CassandraSchemaSource) -> Any:

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaException, Producer
 from ..kafka import RAW_TOPIC_PARTITIONS
 from ..kafka.admin import TopicCreationFailed, admin_client, create_missing_topics
 from ..kafka.schema_catalog import SchemaCatalog
+from ..kafka.security import broker_metadata
 from ..pipeline.checkpoint_files import checkpoint_files
 from ..pipeline.pipeline_config import PipelineConfig
 from ..schema import SchemaError, TableMetadata, load_schema_files
@@ -85,9 +86,12 @@ def run_bootstrap(spark: Any, config: PipelineConfig, table_name: str, sstable_p
     progress bar when ``progress``; logs a line every 10 s either way.
     ``task_hook`` runs in the worker before each task (tests use it to make one fail).
 
-    Raises BootstrapError if it cannot start or a task fails (the completed ones are recorded).
+    Raises ConfigError if the brokers refuse its login or TLS (``kafka.security``) or do not answer,
+    BootstrapError if it cannot start otherwise or a task fails (the completed ones are recorded).
     """
     started = time.monotonic()
+    broker_metadata(config.kafka.librdkafka(config.kafka.producer), config.kafka.bootstrap_servers,
+                    KAFKA_TIMEOUT_SECONDS)
     table, on_topic = resolve_table(config, table_name, schema_file)
     tasks = plan(sstable_paths, table, target_task_bytes)
     if progress_file is not None:

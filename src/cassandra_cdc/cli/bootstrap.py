@@ -88,6 +88,9 @@ def bootstrap(
     try:
         report = run_bootstrap(start_spark, settings, table, paths, schema or None, progress, restart=restart,
                                progress_file=progress_file, target_task_bytes=task_mb << 20)
+    except ConfigError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
     except BootstrapError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1)

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from confluent_kafka import KafkaError, KafkaException
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ..settings import readable_file
+from ..settings import ConfigError, readable_file
 
 librdkafka_log = logging.getLogger("cassandra_cdc.librdkafka")
 
@@ -201,4 +201,21 @@ class LoginCheck:
         return f"cannot reach Kafka at {bootstrap_servers}: {detail}"
 
 
-__all__ = ["KafkaConnection", "KafkaSecurity", "LibrdkafkaLog", "LoginCheck"]
+def broker_metadata(client_settings: dict[str, Any], bootstrap_servers: str, timeout: float,
+                    topic: str | None = None) -> Any:
+    """The brokers' metadata (of ``topic`` alone if given), asked by an admin client that reaches them as a
+    client with ``client_settings`` does. A ``ConfigError`` with one line when they refuse its login or TLS,
+    or do not answer."""
+    from confluent_kafka.admin import AdminClient
+
+    from .admin import admin_settings
+
+    login = LoginCheck()
+    admin = AdminClient({**admin_settings(client_settings), **login.settings()})
+    try:
+        return admin.list_topics(topic, timeout=timeout)
+    except KafkaException as error:
+        raise ConfigError(login.explain(admin, bootstrap_servers, error)) from None
+
+
+__all__ = ["KafkaConnection", "KafkaSecurity", "LibrdkafkaLog", "LoginCheck", "broker_metadata"]

@@ -84,6 +84,9 @@ _LOGBACK_TOOLS = """<configuration scan="false">
 
 _MURMUR3_MIN = -(1 << 63)
 
+# The role a PasswordAuthenticator node creates on its first start, before any other exists.
+DEFAULT_SUPERUSER = ("cassandra", "cassandra")
+
 
 def sstable_format(name: str) -> dict[str, Any]:
     """The ``cassandra.yaml`` setting that makes a 5.0 node write new SSTables in format ``name``: ``big``
@@ -184,14 +187,16 @@ class CassandraCluster(JvmCluster):
     ``heap`` is each node's -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the
     same for every node), ``node_configs`` those of each node in turn (after ``config``; fewer entries
     than nodes leave the others as they are), e.g. ``[{}, {}, sstable_format("bti")]``; ``progress`` gets
-    one line per node started or stopped.
+    one line per node started or stopped. With ``password_authentication`` the nodes check logins
+    (``PasswordAuthenticator``), and the cluster's own clients (:meth:`driver`, the readiness check) log in
+    as the default superuser (:data:`DEFAULT_SUPERUSER`).
     """
 
     def __init__(self, work_dir: str | Path, nodes: int = 3, *, heap: str = "512m",
                  cluster_name: str = "cdc-test", config: Mapping[str, Any] | None = None,
                  node_configs: Sequence[Mapping[str, Any]] = (),
                  progress: Callable[[str], None] | None = None,
-                 startup_timeout: float = 180.0) -> None:
+                 startup_timeout: float = 180.0, password_authentication: bool = False) -> None:
         if not 1 <= nodes <= 254:
             raise ValueError(f"nodes must be 1 to 254 (one loopback address each), not {nodes}")
         if len(node_configs) > nodes:
@@ -200,12 +205,15 @@ class CassandraCluster(JvmCluster):
         self.native_port = free_port()
         self.storage_port = free_port()
         self.startup_timeout = startup_timeout
+        self.password_authentication = password_authentication
         self._progress = progress or log.info
         tokens = evenly_spaced_tokens(nodes)
         self.nodes = []
         for index in range(nodes):
             directory = self.work_dir / f"node{index + 1}"
             settings = self._node_config(cluster_name, f"127.0.0.{index + 1}", directory, tokens[index])
+            if password_authentication:
+                settings["authenticator"] = "PasswordAuthenticator"
             settings.update(config or {})
             settings.update(node_configs[index] if index < len(node_configs) else {})
             self.nodes.append(CassandraNode(index, directory, settings, free_port(), heap))
@@ -273,7 +281,7 @@ class CassandraCluster(JvmCluster):
         running = [node for node in self.nodes if node.running]
         expected = {node.address for node in running}
         with contextlib.ExitStack() as stack:
-            sessions = {node.address: stack.enter_context(self.driver(only=node)).connect()
+            sessions = {node.address: self._connect(stack.enter_context(self.driver(only=node)), deadline)
                         for node in running}
             while True:
                 views = {address: self._gossip_view(session, expected)
@@ -284,6 +292,23 @@ class CassandraCluster(JvmCluster):
                     raise JvmError(f"the Cassandra nodes do not agree on their cluster: {views} "
                                    f"(logs: {', '.join(str(node.system_log) for node in running)})")
                 time.sleep(0.2)
+
+    @staticmethod
+    def _connect(cluster: Any, deadline: float) -> Any:
+        """A session of ``cluster``: a node answering CQL may refuse logins until it has created the default
+        superuser, so failed logins are tried again until ``deadline``."""
+        from cassandra import AuthenticationFailed
+        from cassandra.cluster import NoHostAvailable
+
+        while True:
+            try:
+                return cluster.connect()
+            except (AuthenticationFailed, NoHostAvailable) as error:
+                refused = isinstance(error, AuthenticationFailed) or any(
+                    isinstance(reason, AuthenticationFailed) for reason in error.errors.values())
+                if not refused or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     @staticmethod
     def _gossip_view(session: Any, addresses: set[str]) -> dict[str, tuple[int, str, Any]]:
@@ -320,9 +345,11 @@ class CassandraCluster(JvmCluster):
 
     @contextlib.contextmanager
     def driver(self, only: CassandraNode | None = None, **options: Any) -> Iterator[Any]:
-        """A cassandra-driver ``Cluster`` for these nodes (protocol v5, local datacenter set), or talking
-        to node ``only`` alone; ``options`` go to ``Cluster``."""
+        """A cassandra-driver ``Cluster`` for these nodes (protocol v5, local datacenter set, logged in as
+        the default superuser with ``password_authentication``), or talking to node ``only`` alone;
+        ``options`` go to ``Cluster``."""
         from cassandra import ProtocolVersion
+        from cassandra.auth import PlainTextAuthProvider
         from cassandra.cluster import Cluster, ExecutionProfile, EXEC_PROFILE_DEFAULT
         from cassandra.policies import DCAwareRoundRobinPolicy, WhiteListRoundRobinPolicy
 
@@ -332,8 +359,10 @@ class CassandraCluster(JvmCluster):
             contact_points, policy = [only.address], WhiteListRoundRobinPolicy([only.address])
         # Waits to match the nodes' longer timeouts (see _node_config).
         profile = ExecutionProfile(load_balancing_policy=policy, request_timeout=60)
+        login = ({"auth_provider": PlainTextAuthProvider(*DEFAULT_SUPERUSER)}
+                 if self.password_authentication else {})
         options = {"max_schema_agreement_wait": 60, "connect_timeout": 30, "control_connection_timeout": 30,
-                   **options}
+                   **login, **options}
         cluster = Cluster(contact_points, port=self.native_port, protocol_version=ProtocolVersion.V5,
                           execution_profiles={EXEC_PROFILE_DEFAULT: profile}, **options)
         try:

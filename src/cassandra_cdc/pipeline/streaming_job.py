@@ -14,14 +14,12 @@ import threading
 import time
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
 from pyspark import Accumulator
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from ..kafka.admin import admin_settings
-from ..kafka.security import LoginCheck
+from ..kafka.security import broker_metadata
 from ..observability import serve_metrics
 from .checkpoint_files import CheckpointFiles, checkpoint_files
 from .pipeline_config import ConfigError, PipelineConfig
@@ -161,13 +159,8 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
 
 def raw_topic_partitions(config: PipelineConfig) -> int | None:
     """How many partitions the raw topic has; None when it does not exist (yet)."""
-    login = LoginCheck()
-    admin = AdminClient({**admin_settings(config.kafka.librdkafka(config.kafka.consumer)),
-                         **login.settings()})
-    try:
-        metadata = admin.list_topics(config.raw_topic, timeout=METADATA_TIMEOUT).topics[config.raw_topic]
-    except KafkaException as error:
-        raise ConfigError(login.explain(admin, config.kafka.bootstrap_servers, error)) from None
+    metadata = broker_metadata(config.kafka.librdkafka(config.kafka.consumer), config.kafka.bootstrap_servers,
+                               METADATA_TIMEOUT, config.raw_topic).topics[config.raw_topic]
     if metadata.error is not None:
         if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
