@@ -29,8 +29,13 @@ SCHEMA = [
 
 
 def describe(session: Any) -> str:
-    """The keyspace as a schema file (table ids included)."""
-    rows = session.execute(f"DESCRIBE KEYSPACE {KEYSPACE} WITH INTERNALS")
+    """Every user keyspace as a schema file (table ids included): the cluster is shared with other tests,
+    whose tables' mutations are in cdc_raw too, and a schema file that left them out would make the agent
+    wait for each (unknown_table_wait_seconds) as for a table just created."""
+    session.cluster.refresh_schema_metadata()
+    keyspaces = [name for name in session.cluster.metadata.keyspaces if not name.startswith("system")]
+    rows = [row for keyspace in keyspaces
+            for row in session.execute(f"DESCRIBE KEYSPACE {keyspace} WITH INTERNALS")]
     return "\n\n".join(row.create_statement for row in rows) + "\n"
 
 
