@@ -273,6 +273,8 @@ class ChangeProcessor(StatefulProcessor):
         if encoder is None:
             encoder = self._encoders[(table.id, version)] = EventEncoder(
                 self.settings.server, table, self.settings.format, self._registry, self.settings.type_modes)
+        skip_static_only = self.settings.static_only_rows == "skip"
+        table_name = table.qualified_name
         for change in changes:
             before, after = change.before, change.after
             if before is None:
@@ -282,12 +284,11 @@ class ChangeProcessor(StatefulProcessor):
             else:
                 op = "u"
             row = after if after is not None else before
-            skipped = self.settings.static_only_rows == "skip"
-            if skipped and encoder.static_only(row):  # type: ignore[arg-type]
+            if skip_static_only and encoder.static_only(row):  # type: ignore[arg-type]
                 continue
             key = encoder.key(row)  # type: ignore[arg-type]
             out.produce(encoder.topic, key, encoder.value(before, after, op, source, now_ms))
-            self._tally.event(table.qualified_name, op, written_us)
+            self._tally.event(table_name, op, written_us)
             if op == "d" and self.settings.tombstones:
                 out.produce(encoder.topic, key, None)
 
