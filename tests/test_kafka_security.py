@@ -5,6 +5,7 @@ SCRAM)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
 import subprocess
 import sys
@@ -245,12 +246,14 @@ def test_a_wrong_password_is_one_clear_line(secure_kafka: Any, tmp_path: Path) -
     (tmp_path / "agent").mkdir()
     harness = Harness(tmp_path / "agent", secure_kafka)
     agent_yaml = harness.config_file(kafka__security=security)
-    for command in (["tail", "anything", "--config", str(pipeline_yaml)],
-                    ["pipeline", "--config", str(pipeline_yaml)],
-                    ["bootstrap", "--config", str(pipeline_yaml), "--table", TABLE, "--schema",
-                     str(schema_file(tmp_path)), "--sstables", str(snapshot)],
-                    ["agent", "--config", str(agent_yaml)]):
-        result = run_cli(*command)
+    commands = (["tail", "anything", "--config", str(pipeline_yaml)],
+                ["pipeline", "--config", str(pipeline_yaml)],
+                ["bootstrap", "--config", str(pipeline_yaml), "--table", TABLE, "--schema",
+                 str(schema_file(tmp_path)), "--sstables", str(snapshot)],
+                ["agent", "--config", str(agent_yaml)])
+    with concurrent.futures.ThreadPoolExecutor(len(commands)) as pool:  # each waits on the broker's refusal
+        results = list(pool.map(lambda command: run_cli(*command), commands))
+    for command, result in zip(commands, results):
         output = (result.stdout + result.stderr).strip()
         lines = [line for line in output.splitlines() if "refused the connection" in line]
         assert result.returncode == 2, (command, output)
