@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from cassandra_cdc.agent import AgentConfig
@@ -253,14 +254,24 @@ def test_pipeline_metrics_scraped_from_the_driver_count_what_it_wrote(real_kafka
         wait_until(lambda: get(port, "/readyz")[0] == 200, "the query running", timeout=180)
         topics = [f"{server}.shop.orders", f"{server}.shop.users"]
 
+        last_seen: list[str] = []
+
         def caught_up() -> Samples | None:
             samples = scrape(port)
-            behind = [value for (name, _), value in samples.items() if name == f"{PIPELINE}behind_records"]
+            behind = {dict(labels)["partition"]: value for (name, labels), value in samples.items()
+                      if name == f"{PIPELINE}behind_records"}
             counted = sum(value for (name, _), value in samples.items() if name == f"{PIPELINE}events_total")
             written = sum(events_by_table_and_op(real_kafka, topics).values())
+            last_seen[:] = [f"behind {behind}, {counted} events counted, {written} on the topics"]
             # Every raw partition measured (a busy broker may answer some of them a refresh later).
-            return samples if len(behind) == 4 and not any(behind) and counted == written > 0 else None
-        samples = wait_until(caught_up, "the pipeline to catch up", timeout=300, step=2)
+            return samples if len(behind) == 4 and not any(behind.values()) and counted == written > 0 else None
+        try:
+            samples = wait_until(caught_up, "the pipeline to catch up", timeout=300, step=2)
+        except pytest.fail.Exception:
+            raw = AdminClient({"bootstrap.servers": real_kafka.bootstrap_servers}).list_topics(timeout=10).topics
+            partitions = len(raw[f"{server}.raw"].partitions)
+            pytest.fail(f"the pipeline did not catch up: {last_seen}, the raw topic has {partitions} partitions\n"
+                        f"{pipeline.log_tail(30)}")
         expected = events_by_table_and_op(real_kafka, topics)
         counted = {(dict(labels)["table"], dict(labels)["op"]): value
                    for (name, labels), value in samples.items() if name == f"{PIPELINE}events_total"}

@@ -132,18 +132,28 @@ class PipelineMetrics:
             self._consumer = None
 
     def _measure_behind(self) -> None:
+        """Each raw partition's gauge on its own: one partition the broker does not answer for keeps its
+        last value without holding back the others'."""
         try:
             if self._consumer is None:
                 self._consumer = Consumer(self._consumer_settings)
             metadata = self._consumer.list_topics(self._topic, timeout=KAFKA_TIMEOUT).topics[self._topic]
-            if metadata.error is not None:
-                return  # no raw topic yet: nothing behind
-            for partition in metadata.partitions:
+        except KafkaException as error:  # the gauges keep their last values; the query reports what matters
+            self._unmeasured(f"the raw topic's partitions: {error}")
+            return
+        if metadata.error is not None:
+            return  # no raw topic yet: nothing behind
+        for partition in sorted(metadata.partitions):
+            try:
                 _, end = self._consumer.get_watermark_offsets(TopicPartition(self._topic, partition),
                                                               timeout=KAFKA_TIMEOUT, cached=False)
-                self.behind.labels(str(partition)).set(max(0, end - self._read_to.get(partition, 0)))
-        except KafkaException as error:  # the gauges keep their last values; the query reports what matters
-            log.debug("cannot read where the raw topic ends: %s", error)
+            except KafkaException as error:
+                self._unmeasured(f"where raw partition {partition} ends: {error}")
+                continue
+            self.behind.labels(str(partition)).set(max(0, end - self._read_to.get(partition, 0)))
+
+    def _unmeasured(self, what: str) -> None:
+        log.warning("cannot measure how far behind the pipeline is: cannot read %s", what)
 
 
 def _partition_offsets(end_offset: Any, topic: str) -> dict[int, int]:
