@@ -7,6 +7,7 @@ import json
 import logging
 import resource
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -154,6 +155,76 @@ def test_agent_started_while_kafka_is_down_waits_for_it(broker: EmbeddedBroker, 
         broker.start()
     raw.poll(0.2)
     assert_published_exactly(raw, h.expected)
+
+
+def librdkafka_threads() -> set[int]:
+    """The ids of this process's threads that librdkafka started (named ``rdk:...``), whichever client."""
+    threads = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith("rdk:"):
+                threads.add(int(task.name))
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+    return threads
+
+
+def assert_clients_closed(started_before: set[int]) -> None:
+    """No librdkafka thread started since ``started_before`` is left. The tests keep the stopped agent
+    referenced, as its caller may: a client it left open would keep its connections to the brokers (and its
+    retries and log lines once they go) for as long as the agent object lives."""
+    wait_until(lambda: not librdkafka_threads() - started_before, "the agent's Kafka clients closed", 10)
+
+
+def test_stopped_agent_leaves_no_kafka_client_behind(harness: MakeHarness) -> None:
+    """Once ``run`` returns, the agent's producer and admin client are closed: their threads are gone."""
+    h = harness()
+    h.write(100)
+    before = librdkafka_threads()
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        raw.close()
+        assert librdkafka_threads() - before, "the agent's clients run while it does"
+    assert_clients_closed(before)
+    assert agent.not_ready() == "stopping"  # the stopped agent, still referenced, says so
+
+
+def test_agent_not_started_leaves_no_kafka_client_behind(harness: MakeHarness) -> None:
+    """Its metrics port taken, the agent does not start (status 2), and the producer made with it is closed."""
+    h = harness()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        before = librdkafka_threads()
+        agent = Agent(h.config(metrics__host="127.0.0.1", metrics__port=taken.getsockname()[1]))
+        assert agent.run() == 2
+    assert_clients_closed(before)
+
+
+def test_agent_stopped_while_kafka_is_away_drops_its_queue_and_publishes_it_after_restart(
+        broker: EmbeddedBroker, harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped while Kafka is away with records queued, the agent stops (after its bounded wait for them)
+    instead of waiting for Kafka forever, leaves no Kafka client behind, and publishes those records after
+    its restart."""
+    monkeypatch.setattr(agent_module, "SHUTDOWN_FLUSH_SECONDS", 1.0)
+    h = harness()
+    before = librdkafka_threads()
+    try:
+        with running(h.config()) as agent:
+            raw = h.raw_reader()
+            h.write(100)
+            raw.wait_for(lambda: raw.has_all(h.expected), "changes before the outage")
+            raw.close()
+            broker.stop()
+            h.write(100)
+            wait_until(lambda: agent.publisher.in_flight, "records queued while Kafka is away")
+        assert_clients_closed(before)
+    finally:
+        broker.start()
+    with running(h.config()):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change after the restart")
+    raw.poll(0.2)
+    assert_published_exactly(raw, h.expected, duplicates=True)
 
 
 class Crash(BaseException):
