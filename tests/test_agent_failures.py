@@ -24,7 +24,7 @@ from cassandra_cdc.simulator.broker import free_port
 
 import agent_harness
 from agent_harness import (
-    CLI, DEADLINE, wait_until, RawReader, assert_published_exactly, MakeHarness, running, AgentProcess,
+    CLI, DEADLINE, Harness, wait_until, RawReader, assert_published_exactly, MakeHarness, running, AgentProcess,
     saved_positions, metric)
 
 broker, harness = agent_harness.broker, agent_harness.harness  # fixtures: a broker per module
@@ -105,16 +105,21 @@ def test_sigterm_finishes_in_flight_saves_position_and_exits_0(tmp_path: Path, h
     raw.close()
 
 
+def published_before_outage(h: Harness, broker: EmbeddedBroker, writes: int) -> None:
+    """``writes`` changes written and published by the running agent; then Kafka stops."""
+    raw = h.raw_reader()
+    h.write(writes)
+    raw.wait_for(lambda: raw.has_all(h.expected), "changes before the outage")
+    raw.close()
+    broker.stop()
+
+
 def test_broker_stopped_and_restarted_mid_stream(broker: EmbeddedBroker, harness: MakeHarness) -> None:
     """Kafka goes away while the node writes: the agent waits (a COMPLETED segment is kept, not cleaned up
     unacknowledged), reports Kafka unreachable, and publishes everything once Kafka is back."""
     h = harness(segment_size=32 * 1024)
     with running(h.config()) as agent:
-        raw = h.raw_reader()
-        h.write(200)
-        raw.wait_for(lambda: raw.has_all(h.expected), "changes before the outage")
-        raw.close()
-        broker.stop()
+        published_before_outage(h, broker, 200)
         try:
             first_down = h.node.active_segment.path.name
             h.write(600, sync_every=20)  # rolls over: first_down is COMPLETED while Kafka is away
@@ -210,11 +215,7 @@ def test_agent_stopped_while_kafka_is_away_drops_its_queue_and_publishes_it_afte
     before = librdkafka_threads()
     try:
         with running(h.config()) as agent:
-            raw = h.raw_reader()
-            h.write(100)
-            raw.wait_for(lambda: raw.has_all(h.expected), "changes before the outage")
-            raw.close()
-            broker.stop()
+            published_before_outage(h, broker, 100)
             h.write(100)
             wait_until(lambda: agent.publisher.in_flight, "records queued while Kafka is away")
         assert_clients_closed(before)
