@@ -24,8 +24,8 @@ from cassandra_cdc.simulator.broker import free_port
 
 import agent_harness
 from agent_harness import (
-    CLI, DEADLINE, Harness, wait_until, RawReader, assert_published_exactly, MakeHarness, running, AgentProcess,
-    saved_positions, metric)
+    CLI, DEADLINE, Harness, wait_until, RawReader, assert_published_exactly, MakeHarness, running,
+    AgentProcess, saved_positions, metric)
 
 broker, harness = agent_harness.broker, agent_harness.harness  # fixtures: a broker per module
 
@@ -196,7 +196,8 @@ def test_stopped_agent_leaves_no_kafka_client_behind(harness: MakeHarness) -> No
 
 
 def test_agent_not_started_leaves_no_kafka_client_behind(harness: MakeHarness) -> None:
-    """Its metrics port taken, the agent does not start (status 2), and the producer made with it is closed."""
+    """Its metrics port taken, the agent does not start (status 2), and the producer made with it is
+    closed."""
     h = harness()
     with socket.create_server(("127.0.0.1", 0)) as taken:
         before = librdkafka_threads()

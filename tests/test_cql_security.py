@@ -109,8 +109,8 @@ def assert_one_line(output: str, status: int, start: str, end: str) -> None:
 
 def test_a_node_certificate_from_another_ca_is_one_clear_line(tls_cassandra: TlsNode, tmp_path: Path) -> None:
     other = CertificateAuthority.create(tmp_path)
-    status, output = run_agent(agent_file(tls_cassandra, tmp_path, tls_cassandra.tls(ca_file=str(other.certificate)),
-                                          password=AGENT_PASSWORD))
+    tls = tls_cassandra.tls(ca_file=str(other.certificate))
+    status, output = run_agent(agent_file(tls_cassandra, tmp_path, tls, password=AGENT_PASSWORD))
     assert_one_line(output, status, "error: schema.cassandra: the agent does not trust the certificate of "
                     "127.0.0.1:", "check schema.cassandra.tls.ca_file (the CA that signed the nodes' "
                     "certificates) and verify_hostname")
@@ -127,7 +127,8 @@ def test_no_client_certificate_is_one_clear_line(tls_cassandra: TlsNode, tmp_pat
 
 def test_a_client_certificate_of_another_ca_is_one_clear_line(tls_cassandra: TlsNode, tmp_path: Path) -> None:
     stranger = CertificateAuthority.create(tmp_path / "other").issue(tmp_path / "other", "stranger")
-    tls = tls_cassandra.tls(cert_file=str(stranger.certificate), key_file=str(stranger.key), key_password=None)
+    tls = tls_cassandra.tls(cert_file=str(stranger.certificate), key_file=str(stranger.key),
+                            key_password=None)
     status, output = run_agent(agent_file(tls_cassandra, tmp_path, tls, password=AGENT_PASSWORD))
     assert_one_line(output, status, "error: schema.cassandra: the nodes refused the agent's TLS connection: "
                     "127.0.0.1:", "check schema.cassandra.tls.cert_file and key_file: the nodes accept "

@@ -1,7 +1,7 @@
-"""The schema registry client (confluent-kafka's, with basic auth and TLS) as the Avro encoder uses it, against
-a real registry speaking the Confluent API (Apicurio Registry, ``SchemaRegistryServer``) over HTTPS with a
-certificate made here and HTTP basic authentication: events encoded by the pipeline's encoder are registered
-there and read back through it, as a consumer of the topics does."""
+"""The schema registry client (confluent-kafka's, with basic auth and TLS) as the Avro encoder uses it,
+against a real registry speaking the Confluent API (Apicurio Registry, ``SchemaRegistryServer``) over HTTPS
+with a certificate made here and HTTP basic authentication: events encoded by the pipeline's encoder are
+registered there and read back through it, as a consumer of the topics does."""
 
 from __future__ import annotations
 

@@ -226,16 +226,18 @@ def _schema_read_failure(settings: CassandraSchemaSource, nodes: str, error: Exc
     distrusted = _reasons(reasons, _node_not_trusted)
     if distrusted:
         return (f"schema.cassandra: the agent does not trust the certificate of {distrusted}; check "
-                "schema.cassandra.tls.ca_file (the CA that signed the nodes' certificates) and verify_hostname")
+                "schema.cassandra.tls.ca_file (the CA that signed the nodes' certificates) and "
+                "verify_hostname")
     handshakes_refused = _reasons(reasons, _handshake_refused)
     if handshakes_refused:
         tls = settings.tls
-        advice = ("the nodes may require a client certificate: give schema.cassandra.tls.cert_file and key_file, "
-                  "signed by a CA of their client_encryption_options.truststore"
+        advice = ("the nodes may require a client certificate: give schema.cassandra.tls.cert_file and "
+                  "key_file, signed by a CA of their client_encryption_options.truststore"
                   if tls is None or tls.cert_file is None else
                   "check schema.cassandra.tls.cert_file and key_file: the nodes accept client certificates "
                   "signed by a CA of their client_encryption_options.truststore")
-        return f"schema.cassandra: the nodes refused the agent's TLS connection: {handshakes_refused}; {advice}"
+        return (f"schema.cassandra: the nodes refused the agent's TLS connection: {handshakes_refused}; "
+                f"{advice}")
     refused = _reasons(reasons, lambda problem: isinstance(problem, AuthenticationFailed))
     if refused:
         user = f"user {settings.username}" if settings.username else "a client without a user"

@@ -15,4 +15,5 @@ from .registry import SchemaRegistryServer
 from .spark import SparkStandaloneCluster, SparkWorker
 
 __all__ = ["CassandraCluster", "CassandraNode", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason", "sstable_format"]
+           "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason",
+           "sstable_format"]

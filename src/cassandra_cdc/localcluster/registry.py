@@ -56,8 +56,8 @@ class SchemaRegistryServer(JvmService):
         logs = self.work_dir / "logs"
         self._process = JvmProcess(
             f"schema registry {self.url}",
-            [artifacts.java_executable(), f"-Xmx{heap}", *SERVICE_JVM, f"-Dquarkus.config.locations={settings}",
-             "-jar", str(artifacts.registry_application())],
+            [artifacts.java_executable(), f"-Xmx{heap}", *SERVICE_JVM,
+             f"-Dquarkus.config.locations={settings}", "-jar", str(artifacts.registry_application())],
             logs, logs / "stdout.log")
 
     @property
