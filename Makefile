@@ -15,16 +15,19 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 # Real Apache Cassandra, Apache Kafka and Spark's Kafka connector for the real-cluster tests: each pinned
-# runtime classpath (jvm/*/pom.xml) copied by Maven into its own directory under .jvm/lib/. Fetched once:
-# the stamp is newer than the poms, so a re-run fetches nothing.
+# runtime classpath (jvm/*/pom.xml) copied by Maven into its own directory under .jvm/lib/; and a schema
+# registry (Apicurio, jvm/registry), which Maven builds into .jvm/lib/registry/. Fetched once: the stamp is
+# newer than the poms, so a re-run fetches nothing.
 JVM_LIB := .jvm/lib
 JVM_POMS := $(wildcard jvm/pom.xml jvm/*/pom.xml)
+JVM_SOURCES := $(shell find jvm/registry/src -type f)
 
-.jvm/.installed: $(JVM_POMS)
+.jvm/.installed: $(JVM_POMS) $(JVM_SOURCES)
 	@command -v mvn >/dev/null || { echo "make install: fetching the JVM artifacts of jvm/*/pom.xml" \
 	    "needs Maven 3.8+ (mvn) and Java 17+" >&2; exit 2; }
 	rm -rf $(JVM_LIB)
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
+	mvn -q -B -Dstyle.color=never -f jvm/pom.xml -pl registry package
 	touch $@
 
 install: $(VENV)/.installed .jvm/.installed

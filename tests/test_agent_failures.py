@@ -7,6 +7,7 @@ import json
 import logging
 import resource
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -23,8 +24,8 @@ from cassandra_cdc.simulator.broker import free_port
 
 import agent_harness
 from agent_harness import (
-    CLI, DEADLINE, wait_until, RawReader, assert_published_exactly, MakeHarness, running, AgentProcess,
-    saved_positions, metric)
+    CLI, DEADLINE, Harness, wait_until, RawReader, assert_published_exactly, MakeHarness, running,
+    AgentProcess, saved_positions, metric)
 
 broker, harness = agent_harness.broker, agent_harness.harness  # fixtures: a broker per module
 
@@ -104,16 +105,21 @@ def test_sigterm_finishes_in_flight_saves_position_and_exits_0(tmp_path: Path, h
     raw.close()
 
 
+def published_before_outage(h: Harness, broker: EmbeddedBroker, writes: int) -> None:
+    """``writes`` changes written and published by the running agent; then Kafka stops."""
+    raw = h.raw_reader()
+    h.write(writes)
+    raw.wait_for(lambda: raw.has_all(h.expected), "changes before the outage")
+    raw.close()
+    broker.stop()
+
+
 def test_broker_stopped_and_restarted_mid_stream(broker: EmbeddedBroker, harness: MakeHarness) -> None:
     """Kafka goes away while the node writes: the agent waits (a COMPLETED segment is kept, not cleaned up
     unacknowledged), reports Kafka unreachable, and publishes everything once Kafka is back."""
     h = harness(segment_size=32 * 1024)
     with running(h.config()) as agent:
-        raw = h.raw_reader()
-        h.write(200)
-        raw.wait_for(lambda: raw.has_all(h.expected), "changes before the outage")
-        raw.close()
-        broker.stop()
+        published_before_outage(h, broker, 200)
         try:
             first_down = h.node.active_segment.path.name
             h.write(600, sync_every=20)  # rolls over: first_down is COMPLETED while Kafka is away
@@ -154,6 +160,73 @@ def test_agent_started_while_kafka_is_down_waits_for_it(broker: EmbeddedBroker, 
         broker.start()
     raw.poll(0.2)
     assert_published_exactly(raw, h.expected)
+
+
+def librdkafka_threads() -> set[int]:
+    """The ids of this process's threads that librdkafka started (named ``rdk:...``), whichever client."""
+    threads = set()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().startswith("rdk:"):
+                threads.add(int(task.name))
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+    return threads
+
+
+def assert_clients_closed(started_before: set[int]) -> None:
+    """No librdkafka thread started since ``started_before`` is left. The tests keep the stopped agent
+    referenced, as its caller may: a client it left open would keep its connections to the brokers (and its
+    retries and log lines once they go) for as long as the agent object lives."""
+    wait_until(lambda: not librdkafka_threads() - started_before, "the agent's Kafka clients closed", 10)
+
+
+def test_stopped_agent_leaves_no_kafka_client_behind(harness: MakeHarness) -> None:
+    """Once ``run`` returns, the agent's producer and admin client are closed: their threads are gone."""
+    h = harness()
+    h.write(100)
+    before = librdkafka_threads()
+    with running(h.config()) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes")
+        raw.close()
+        assert librdkafka_threads() - before, "the agent's clients run while it does"
+    assert_clients_closed(before)
+    assert agent.not_ready() == "stopping"  # the stopped agent, still referenced, says so
+
+
+def test_agent_not_started_leaves_no_kafka_client_behind(harness: MakeHarness) -> None:
+    """Its metrics port taken, the agent does not start (status 2), and the producer made with it is
+    closed."""
+    h = harness()
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        before = librdkafka_threads()
+        agent = Agent(h.config(metrics__host="127.0.0.1", metrics__port=taken.getsockname()[1]))
+        assert agent.run() == 2
+    assert_clients_closed(before)
+
+
+def test_agent_stopped_while_kafka_is_away_drops_its_queue_and_publishes_it_after_restart(
+        broker: EmbeddedBroker, harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stopped while Kafka is away with records queued, the agent stops (after its bounded wait for them)
+    instead of waiting for Kafka forever, leaves no Kafka client behind, and publishes those records after
+    its restart."""
+    monkeypatch.setattr(agent_module, "SHUTDOWN_FLUSH_SECONDS", 1.0)
+    h = harness()
+    before = librdkafka_threads()
+    try:
+        with running(h.config()) as agent:
+            published_before_outage(h, broker, 100)
+            h.write(100)
+            wait_until(lambda: agent.publisher.in_flight, "records queued while Kafka is away")
+        assert_clients_closed(before)
+    finally:
+        broker.start()
+    with running(h.config()):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change after the restart")
+    raw.poll(0.2)
+    assert_published_exactly(raw, h.expected, duplicates=True)
 
 
 class Crash(BaseException):

@@ -1,74 +1,97 @@
 """The agent's CQL connection (table schemas read from the cluster) on a real Cassandra 5.0 node whose native
-port speaks TLS (a certificate made here) and that checks logins (PasswordAuthenticator): the CA checked,
-the password (from a file or the environment) checked and never shown, ``local_dc`` used and checked."""
+port speaks TLS (certificates made here), requires a client certificate from its CA on TLS connections, and
+checks logins (PasswordAuthenticator): the node's certificate checked, the agent's client certificate (its
+key encrypted) presented, a missing or unknown one refused in one line, the password (from a file or the
+environment) checked and never shown, ``local_dc`` used and checked."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import pytest
 import yaml
 
 from cassandra_cdc.agent.agent_config import AgentConfig, CassandraSchemaSource, ConfigError, load_config
 from cassandra_cdc.agent.tables import TableRegistry, cql_cluster
-from cassandra_cdc.localcluster.certificates import CertificateAuthority
+from cassandra_cdc.localcluster.certificates import CertificateAuthority, IssuedCertificate
 from cassandra_cdc.schema.system_schema import fetch_schema
 from conftest import require_jvm_artifacts
 
 CLI = str(Path(sys.executable).with_name("cassandra-cdc"))
 AGENT_USER, AGENT_PASSWORD = "cdc_agent", "agent-cql-secret-3"
+CLIENT_KEY_PASSWORD = "client-key-secret-5"
+
+
+class TlsNode(NamedTuple):
+    cluster: Any
+    ca: Path  # the CA of the node's certificate and of the client certificates it accepts
+    client: IssuedCertificate  # the agent's, its key encrypted with CLIENT_KEY_PASSWORD
+
+    def tls(self, **overrides: Any) -> dict[str, Any]:
+        """``schema.cassandra.tls`` presenting the agent's client certificate, with ``overrides`` on top."""
+        return {"ca_file": str(self.ca), "cert_file": str(self.client.certificate),
+                "key_file": str(self.client.key), "key_password": CLIENT_KEY_PASSWORD, **overrides}
 
 
 @pytest.fixture(scope="module")
-def tls_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
-    """One node that checks logins; TLS is optional on its native port, so that the cluster's own checks
-    connect without it. The agent logs in as a role of its own, made here."""
+def tls_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsNode]:
+    """One node that checks logins and, on TLS connections, client certificates; TLS is optional on its
+    native port, so that the cluster's own checks connect without it. The agent logs in as a role of its own,
+    made here."""
     require_jvm_artifacts()
     from cassandra_cdc.localcluster import CassandraCluster
 
     root = tmp_path_factory.mktemp("tls-cassandra")
     authority = CertificateAuthority.create(root / "tls")
     node = authority.issue(root / "tls", "node", hosts=["127.0.0.1", "localhost"])
+    client = authority.issue(root / "tls", "cdc-agent", key_password=CLIENT_KEY_PASSWORD)
     key_store = root / "tls" / "node-keystore.pem"
     key_store.write_text(node.key.read_text() + node.certificate.read_text())
     pem = {"class_name": "org.apache.cassandra.security.PEMBasedSslContextFactory"}
-    encryption = {"enabled": True, "optional": True, "require_client_auth": False, "ssl_context_factory": pem,
+    encryption = {"enabled": True, "optional": True, "require_client_auth": True, "ssl_context_factory": pem,
                   "keystore": str(key_store), "truststore": str(authority.certificate)}
     config = {"client_encryption_options": encryption}
     with CassandraCluster(root / "cluster", nodes=1, config=config, password_authentication=True) as cluster:
         with cluster.driver() as driver:
             driver.connect().execute(f"CREATE ROLE {AGENT_USER} WITH PASSWORD = '{AGENT_PASSWORD}' "
                                      "AND LOGIN = true")
-        yield cluster, authority.certificate
+        yield TlsNode(cluster, authority.certificate, client)
 
 
-def source(cluster: Any, **settings: Any) -> CassandraSchemaSource:
-    return CassandraSchemaSource(contact_points=cluster.contact_points, port=cluster.native_port,
-                                 username=AGENT_USER, password=AGENT_PASSWORD, **settings)
+def source(node: TlsNode, tls: dict[str, Any], **settings: Any) -> CassandraSchemaSource:
+    return CassandraSchemaSource(contact_points=node.cluster.contact_points, port=node.cluster.native_port,
+                                 username=AGENT_USER, password=AGENT_PASSWORD, tls=tls, **settings)
 
 
-def agent_settings(cluster: Any, tmp_path: Path, **cassandra: Any) -> dict[str, Any]:
+def agent_settings(node: TlsNode, tmp_path: Path, **cassandra: Any) -> dict[str, Any]:
     """An agent configuration whose ``schema.cassandra`` is this node's address with ``cassandra`` on top."""
     (tmp_path / "cdc_raw").mkdir(exist_ok=True)
     return {"server": "s", "cdc_raw": str(tmp_path / "cdc_raw"), "state_dir": str(tmp_path / "state"),
             "kafka": {"bootstrap_servers": "127.0.0.1:9"},
-            "schema": {"cassandra": {"contact_points": cluster.contact_points, "port": cluster.native_port,
-                                     **cassandra}}}
+            "schema": {"cassandra": {"contact_points": node.cluster.contact_points,
+                                     "port": node.cluster.native_port, **cassandra}}}
 
 
-def agent_file(cluster: Any, tmp_path: Path, ca: Path, **login: str) -> Path:
+def agent_file(node: TlsNode, tmp_path: Path, tls: dict[str, Any] | None = None, **login: str) -> Path:
     path = tmp_path / "agent.yaml"
-    path.write_text(yaml.safe_dump(agent_settings(cluster, tmp_path, tls={"ca_file": str(ca)},
-                                                  username=AGENT_USER, **login)))
+    path.write_text(yaml.safe_dump(agent_settings(node, tmp_path, tls=tls or node.tls(), username=AGENT_USER,
+                                                  **login)))
     return path
 
 
-def test_the_schema_is_read_over_tls_from_the_local_datacenter(tls_cassandra: tuple[Any, Path]) -> None:
-    cluster, ca = tls_cassandra
-    driver = cql_cluster(source(cluster, tls={"ca_file": ca}, local_dc="datacenter1"))
+def run_agent(config_file: Path) -> tuple[int, str]:
+    """``cassandra-cdc agent``: its exit status and what it printed."""
+    result = subprocess.run([CLI, "agent", "--config", str(config_file)], capture_output=True, text=True,
+                            timeout=120, check=False)
+    return result.returncode, (result.stdout + result.stderr).strip()
+
+
+def test_the_schema_is_read_over_tls_with_a_client_certificate_from_the_local_datacenter(
+        tls_cassandra: TlsNode) -> None:
+    driver = cql_cluster(source(tls_cassandra, tls_cassandra.tls(), local_dc="datacenter1"))
     try:
         schema = fetch_schema(driver.connect())
         assert schema.table("system_schema", "tables") is not None
@@ -77,23 +100,44 @@ def test_the_schema_is_read_over_tls_from_the_local_datacenter(tls_cassandra: tu
         driver.shutdown()
 
 
-def test_a_certificate_from_another_ca_is_refused(tls_cassandra: tuple[Any, Path], tmp_path: Path) -> None:
-    from cassandra.cluster import NoHostAvailable
+def assert_one_line(output: str, status: int, start: str, end: str) -> None:
+    """What the agent's CLI printed when it cannot read the schema: exit status 2 and one line."""
+    assert status == 2, output
+    assert output.count("\n") == 0 and "Traceback" not in output, output
+    assert output.startswith(start) and output.endswith(end), output
 
-    cluster, _ = tls_cassandra
+
+def test_a_node_certificate_from_another_ca_is_one_clear_line(tls_cassandra: TlsNode, tmp_path: Path) -> None:
     other = CertificateAuthority.create(tmp_path)
-    driver = cql_cluster(source(cluster, tls={"ca_file": other.certificate}))
-    try:
-        with pytest.raises(NoHostAvailable, match="CERTIFICATE_VERIFY_FAILED"):
-            driver.connect()
-    finally:
-        driver.shutdown()
+    tls = tls_cassandra.tls(ca_file=str(other.certificate))
+    status, output = run_agent(agent_file(tls_cassandra, tmp_path, tls, password=AGENT_PASSWORD))
+    assert_one_line(output, status, "error: schema.cassandra: the agent does not trust the certificate of "
+                    "127.0.0.1:", "check schema.cassandra.tls.ca_file (the CA that signed the nodes' "
+                    "certificates) and verify_hostname")
+    assert "CERTIFICATE_VERIFY_FAILED" in output
 
 
-def test_a_local_dc_no_node_has_is_one_clear_error(tls_cassandra: tuple[Any, Path], tmp_path: Path) -> None:
-    cluster, ca = tls_cassandra
+def test_no_client_certificate_is_one_clear_line(tls_cassandra: TlsNode, tmp_path: Path) -> None:
+    status, output = run_agent(agent_file(tls_cassandra, tmp_path, {"ca_file": str(tls_cassandra.ca)},
+                                          password=AGENT_PASSWORD))
+    assert_one_line(output, status, "error: schema.cassandra: the nodes refused the agent's TLS connection: "
+                    "127.0.0.1:", "the nodes may require a client certificate: give schema.cassandra.tls."
+                    "cert_file and key_file, signed by a CA of their client_encryption_options.truststore")
+
+
+def test_a_client_certificate_of_another_ca_is_one_clear_line(tls_cassandra: TlsNode, tmp_path: Path) -> None:
+    stranger = CertificateAuthority.create(tmp_path / "other").issue(tmp_path / "other", "stranger")
+    tls = tls_cassandra.tls(cert_file=str(stranger.certificate), key_file=str(stranger.key),
+                            key_password=None)
+    status, output = run_agent(agent_file(tls_cassandra, tmp_path, tls, password=AGENT_PASSWORD))
+    assert_one_line(output, status, "error: schema.cassandra: the nodes refused the agent's TLS connection: "
+                    "127.0.0.1:", "check schema.cassandra.tls.cert_file and key_file: the nodes accept "
+                    "client certificates signed by a CA of their client_encryption_options.truststore")
+
+
+def test_a_local_dc_no_node_has_is_one_clear_error(tls_cassandra: TlsNode, tmp_path: Path) -> None:
     config = AgentConfig.model_validate(agent_settings(
-        cluster, tmp_path, tls={"ca_file": str(ca)}, username=AGENT_USER, password=AGENT_PASSWORD,
+        tls_cassandra, tmp_path, tls=tls_cassandra.tls(), username=AGENT_USER, password=AGENT_PASSWORD,
         local_dc="dc-elsewhere"))
     with pytest.raises(ConfigError) as raised:
         TableRegistry(config)
@@ -102,29 +146,23 @@ def test_a_local_dc_no_node_has_is_one_clear_error(tls_cassandra: tuple[Any, Pat
 
 
 def test_the_agent_logs_in_with_a_password_from_a_file_or_the_environment(
-        tls_cassandra: tuple[Any, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    cluster, ca = tls_cassandra
+        tls_cassandra: TlsNode, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     secret = tmp_path / "cql-password"
     secret.write_text(AGENT_PASSWORD + "\n")
     monkeypatch.setenv("CDC_CQL_PASSWORD", AGENT_PASSWORD)
     for login in ({"password_file": str(secret)}, {"password": "${CDC_CQL_PASSWORD}"}):
-        config = load_config(agent_file(cluster, tmp_path, ca, **login))
+        config = load_config(agent_file(tls_cassandra, tmp_path, **login))
         assert config.schema_.cassandra is not None and config.schema_.cassandra.password == AGENT_PASSWORD
         assert TableRegistry(config).schema.table("system_schema", "tables") is not None
 
 
-def test_a_wrong_cql_password_is_one_clear_line(tls_cassandra: tuple[Any, Path], tmp_path: Path) -> None:
+def test_a_wrong_cql_password_is_one_clear_line(tls_cassandra: TlsNode, tmp_path: Path) -> None:
     """The agent's CLI: exit status 2 and one line naming the setting and the refusal, no traceback, and
     never the password given."""
-    cluster, ca = tls_cassandra
     wrong = "not-the-cql-password"
     secret = tmp_path / "cql-password"
     secret.write_text(wrong)
-    result = subprocess.run([CLI, "agent", "--config", str(agent_file(cluster, tmp_path, ca,
-                                                                      password_file=str(secret)))],
-                            capture_output=True, text=True, timeout=120, check=False)
-    output = (result.stdout + result.stderr).strip()
-    assert result.returncode == 2, output
-    assert output.count("\n") == 0 and output.startswith("error: schema.cassandra"), output
-    assert "Bad credentials" in output and "schema.cassandra.username" in output, output
-    assert "Traceback" not in output and wrong not in output, output
+    status, output = run_agent(agent_file(tls_cassandra, tmp_path, password_file=str(secret)))
+    assert_one_line(output, status, "error: schema.cassandra: the nodes refused the login of user cdc_agent",
+                    "check schema.cassandra.username and schema.cassandra.password (or password_file)")
+    assert "Bad credentials" in output and wrong not in output, output

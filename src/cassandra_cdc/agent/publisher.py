@@ -57,8 +57,11 @@ class Publisher:
         self.reachable = True
         self.failure: DeliveryFailed | None = None
         self._errors_logged: set[int] = set()
+        self._closing = False
 
     def _on_error(self, error: KafkaError) -> None:
+        if self._closing:
+            return  # what a client being closed reports (brokers it no longer reaches) is no news
         if error.fatal():
             self._fail(_fatal_error_message(error))
         elif error.code() in (KafkaError._ALL_BROKERS_DOWN, KafkaError._TRANSPORT, KafkaError._RESOLVE):
@@ -110,11 +113,14 @@ class Publisher:
         return len(metadata.partitions)
 
     def check(self, error: KafkaError | None) -> bool:
-        """For delivery callbacks: True if delivered; records a permanent failure otherwise."""
+        """For delivery callbacks: True if delivered; records a permanent failure otherwise (not for a record
+        ``close`` dropped)."""
         if error is None:
             if not self.reachable:
                 self._set_reachable(True)
             return True
+        if self._closing:
+            return False  # dropped by ``close``
         self._fail(f"Kafka did not accept a record: {error}")
         return False
 
@@ -144,6 +150,15 @@ class Publisher:
         while len(self._producer) and time.monotonic() < deadline and self.failure is None:
             self._serve(0.1)
         return len(self._producer)
+
+    def close(self) -> None:
+        """Close the Kafka clients: their threads and connections end now. Records not acknowledged yet are
+        dropped rather than waited for (for ever while Kafka is away: no record ever times out); no saved
+        position is past them, so the restarted agent publishes them again."""
+        self._closing = True
+        self._producer.purge()
+        self._producer.close()
+        self._admin = None  # no other reference: its client is destroyed here
 
     @property
     def in_flight(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import ssl
 import time
 import uuid
@@ -222,15 +223,49 @@ def _schema_read_failure(settings: CassandraSchemaSource, nodes: str, error: Exc
             return (f"schema.cassandra.local_dc: no node of datacenter {settings.local_dc} among {nodes}: "
                     "give the datacenter of the contact points")
         reasons = {}
-    refused = [f"{host}: {problem}" for host, problem in reasons.items()
-               if isinstance(problem, AuthenticationFailed)]
+    distrusted = _reasons(reasons, _node_not_trusted)
+    if distrusted:
+        return (f"schema.cassandra: the agent does not trust the certificate of {distrusted}; check "
+                "schema.cassandra.tls.ca_file (the CA that signed the nodes' certificates) and "
+                "verify_hostname")
+    handshakes_refused = _reasons(reasons, _handshake_refused)
+    if handshakes_refused:
+        tls = settings.tls
+        advice = ("the nodes may require a client certificate: give schema.cassandra.tls.cert_file and "
+                  "key_file, signed by a CA of their client_encryption_options.truststore"
+                  if tls is None or tls.cert_file is None else
+                  "check schema.cassandra.tls.cert_file and key_file: the nodes accept client certificates "
+                  "signed by a CA of their client_encryption_options.truststore")
+        return (f"schema.cassandra: the nodes refused the agent's TLS connection: {handshakes_refused}; "
+                f"{advice}")
+    refused = _reasons(reasons, lambda problem: isinstance(problem, AuthenticationFailed))
     if refused:
         user = f"user {settings.username}" if settings.username else "a client without a user"
-        reason = "; ".join(refused)
-        return (f"schema.cassandra: the nodes refused the login of {user}: {reason}; check "
+        return (f"schema.cassandra: the nodes refused the login of {user}: {refused}; check "
                 "schema.cassandra.username and schema.cassandra.password (or password_file)")
     reason = "; ".join(f"{host}: {problem}" for host, problem in reasons.items()) or str(error)
     return f"schema.cassandra: cannot read the schema from {nodes} port {settings.port}: {reason}"
+
+
+def _reasons(reasons: dict[Any, Exception], kind: Callable[[Exception], bool]) -> str:
+    """The hosts whose connection failed for a reason of ``kind``, with it: "host: reason; ..."."""
+    return "; ".join(f"{host}: {problem}" for host, problem in reasons.items() if kind(problem))
+
+
+# The driver reports a failed TLS handshake as text only (an OSError naming the last error), and a node's
+# alert after it as the ssl module's error: OpenSSL's words for both are what tells them apart.
+_NODE_NOT_TRUSTED = re.compile(r"CERTIFICATE_VERIFY_FAILED")
+# A TLS alert from the node, or the connection closed in the handshake: Cassandra does either, depending on
+# the TLS version and where the check fails, when it does not accept the client's certificate.
+_HANDSHAKE_REFUSED = re.compile(r"\[SSL: \w*ALERT\w*\]|EOF occurred in violation of protocol")
+
+
+def _node_not_trusted(problem: Exception) -> bool:
+    return _NODE_NOT_TRUSTED.search(str(problem)) is not None
+
+
+def _handshake_refused(problem: Exception) -> bool:
+    return _HANDSHAKE_REFUSED.search(str(problem)) is not None
 
 
 class _ToDebug(logging.Filter):

@@ -102,6 +102,12 @@ class Agent:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda *_: self.stop())
         try:
+            return self._serve_and_run()
+        finally:
+            self.publisher.close()
+
+    def _serve_and_run(self) -> int:
+        try:
             server = serve_metrics(self.config.metrics.host, self.config.metrics.port, self.metrics.registry,
                                    self.not_ready)
         except ConfigError as error:

@@ -3,14 +3,17 @@ for tests and demos.
 
 They run from the JVM artifacts ``make install`` fetches (see :mod:`.artifacts`); nothing is downloaded
 at run time. :class:`CassandraCluster` starts N CDC-enabled Cassandra 5.0 nodes, :class:`KafkaBroker`
-one KRaft-mode Kafka broker, :class:`SparkStandaloneCluster` a Spark master and workers (from pyspark).
+one KRaft-mode Kafka broker, :class:`SparkStandaloneCluster` a Spark master and workers (from pyspark),
+:class:`SchemaRegistryServer` a schema registry with the Confluent API.
 """
 
 from .artifacts import MissingArtifacts, missing_reason
 from .cassandra import CassandraCluster, CassandraNode, sstable_format
 from .kafka import KafkaBroker
 from .process import JvmError
+from .registry import SchemaRegistryServer
 from .spark import SparkStandaloneCluster, SparkWorker
 
 __all__ = ["CassandraCluster", "CassandraNode", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "SparkStandaloneCluster", "SparkWorker", "missing_reason", "sstable_format"]
+           "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason",
+           "sstable_format"]

@@ -7,6 +7,8 @@
     .jvm/lib/spark-kafka/   Spark's Kafka source and sink, with their dependencies
     .jvm/lib/connect/       Kafka Connect 4.3 (the standalone worker, JsonConverter): the events' consumers
 
+and builds a schema registry application (Apicurio, ``jvm/registry``) into ``.jvm/lib/registry/``.
+
 ``CASSANDRA_CDC_JVM_LIB`` points elsewhere; ``JAVA_HOME`` chooses the Java (default: ``java`` on PATH).
 Nothing here downloads anything: a missing piece raises :class:`MissingArtifacts` saying what to run.
 """
@@ -60,13 +62,25 @@ def classpath(name: str) -> str:
     return os.pathsep.join(str(jar) for jar in jars(name))
 
 
-def missing_reason() -> str | None:
-    """Why the real Cassandra, Kafka and Kafka Connect cannot run here, or None when they can."""
+def registry_application() -> Path:
+    """The schema registry's runnable jar (its libraries in ``lib/`` beside it)."""
+    application = lib_directory() / "registry" / "registry-runner.jar"
+    if not application.is_file():
+        raise MissingArtifacts(f"{application} is missing; run `make install` (it builds the schema registry "
+                               "of jvm/registry with Maven)")
+    return application
+
+
+def missing_reason(*, registry: bool = False) -> str | None:
+    """Why the real Cassandra, Kafka and Kafka Connect (and with ``registry``, the schema registry) cannot
+    run here, or None when they can."""
     try:
         java_executable()
         jars(CASSANDRA)
         jars(KAFKA)
         jars(CONNECT)
+        if registry:
+            registry_application()
     except MissingArtifacts as error:
         return str(error)
     return None

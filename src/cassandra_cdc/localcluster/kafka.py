@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import artifacts
-from .process import JvmError, JvmProcess, JvmService, run_tool
+from .process import SERVICE_JVM, JvmError, JvmProcess, JvmService, properties_text, run_tool
 from ..kafka.security import KafkaSecurity, jaas_quoted
 from ..simulator.broker import EmbeddedBroker, free_port
 
@@ -88,15 +88,6 @@ class SaslSsl:
                 for argument in ("--add-scram", f"{mechanism}=[name={name},password={password}]")]
 
 
-_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
-        "-Djava.awt.headless=true"]
-
-
-def _property(value: Any) -> str:
-    """A value as a properties file holds it: a backslash there escapes the next character."""
-    return str(value).replace("\\", "\\\\")
-
-
 class KafkaBroker(JvmService):
     """A single-node Kafka cluster (node id 1) under ``work_dir``; a context manager that runs it."""
 
@@ -117,10 +108,9 @@ class KafkaBroker(JvmService):
         conf.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.properties = conf / "server.properties"
-        self.properties.write_text("".join(f"{key}={_property(value)}\n"
-                                           for key, value in self._settings().items()))
+        self.properties.write_text(properties_text(self._settings()))
         (conf / "log4j2.xml").write_text(_LOG4J2.format(log=self.server_log))
-        self._java = [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *_JVM,
+        self._java = [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *SERVICE_JVM,
                       f"-Dlog4j2.configurationFile={conf / 'log4j2.xml'}", f"-Dkafka.logs.dir={self.log_dir}",
                       "-cp", artifacts.classpath(artifacts.KAFKA)]
         self._process = JvmProcess(f"Kafka broker {self.bootstrap_servers}",

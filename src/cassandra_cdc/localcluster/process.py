@@ -15,11 +15,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Self, Sequence
+from typing import Any, Mapping, Self, Sequence
 
 _PR_SET_PDEATHSIG = 1
 # Looked up before any fork: the child, between fork and exec, only calls it.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+# A test service's JVM: C1 only (it starts sooner), a serial collector, no window system.
+SERVICE_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError",
+               "-Djava.awt.headless=true"]
 
 
 class JvmError(RuntimeError):
@@ -36,6 +40,12 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def properties_text(settings: Mapping[str, Any]) -> str:
+    """A Java properties file holding ``settings``: a backslash there escapes the next character."""
+    escaped = {key: str(value).replace("\\", "\\\\") for key, value in settings.items()}
+    return "".join(f"{key}={value}\n" for key, value in escaped.items())
 
 
 def tail(path: Path, lines: int = 20) -> str:
