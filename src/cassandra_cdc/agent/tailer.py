@@ -8,8 +8,9 @@ acknowledged; a segment is cleaned up once it is COMPLETED and fully acknowledge
 bytes were neither published nor quarantined on their own (a header or section it cannot read, framing it
 cannot follow) is never cleaned up: it is moved whole into the quarantine directory.
 
-A truncation of a published table (``truncations.py``) is sent to every partition of the raw topic once the
-node's mutations up to the commit log position it covers are: after them in every partition.
+A truncation of a published table (``truncations.py``) is sent to every partition of the raw topic between
+the node's mutations up to the commit log position it covers and the later ones: in every partition, the
+node's writes before it come before it, and those after it after it.
 """
 
 from __future__ import annotations
@@ -249,6 +250,7 @@ class Agent:
             progress.unreadable_since = None
             limit, final = extent
             if limit is None or limit > progress.read_position:
+                self.truncations.refresh()  # after the idx was read: every truncation before what it allows
                 progressed |= self._read(progress, limit, final)
             elif final:
                 progress.read_all = True
@@ -319,6 +321,8 @@ class Agent:
             try:
                 version = reader.version
                 for count, entry in enumerate(reader.entries(), 1):
+                    if self.truncations.waiting and not self._publish_truncations_before(progress, entry):
+                        break
                     if not self._publish_entry(progress, version, entry):
                         break
                     progress.read_position = entry.position
@@ -413,29 +417,41 @@ class Agent:
     # --- truncations ------------------------------------------------------------------------------
 
     def _publish_truncations(self, segments: list[CdcSegment]) -> None:
-        """Send each due truncation of a published table to every partition of the raw topic, once the node's
-        mutations it covers are sent."""
+        """Send each due truncation whose commit log position every mutation before it was read up to (with
+        no mutation after it read yet, or it would have been sent before that one)."""
         for truncation in self.truncations.due():
-            if not self._sent_through(segments, truncation):
-                continue
-            table = self.tables.lookup(truncation.table_id)
-            if table is None or not self.tables.is_published(table):
-                self.truncations.skip(truncation)
-                continue
-            route = self.tables.route(truncation.table_id.bytes)
-            if route is None or (not route.schema_published and not self._publish_schema(route)):
-                return  # stopped while publishing the schema (the pipeline needs it to know the table)
-            record = TruncationRecord(self.config.node_id, truncation.table_id.bytes, truncation.segment_id,
-                                      truncation.position, truncation.truncated_at_ms)
-            key, value = record.key(), record.encode()
-            for partition in range(self.deliveries.partitions(self._raw_topic)):
-                if not self.deliveries.send(self._raw_topic, key, value, self._while_blocked, partition):
-                    return  # stopped: sent again after the restart
-            if not self.deliveries.seal(self._while_blocked):
+            if self._sent_through(segments, truncation) and not self._send_truncation(truncation):
                 return
-            self.truncations.sent(truncation, self.deliveries.watermark())
-            log.info("published the truncation of %s at %d ms (commit log segment %d, position %d)",
-                     route.name, truncation.truncated_at_ms, truncation.segment_id, truncation.position)
+
+    def _publish_truncations_before(self, progress: SegmentProgress, entry: Entry) -> bool:
+        """Send the truncations waiting that precede ``entry``, before it; False if stopped meanwhile."""
+        for truncation in self.truncations.before(progress.segment.segment_id, entry.position):
+            if not self._send_truncation(truncation):
+                return False
+        return True
+
+    def _send_truncation(self, truncation: Truncation) -> bool:
+        """Send a truncation to every partition of the raw topic (if its table is published; else it is only
+        recorded). False if stopped meanwhile: it is sent again after the restart."""
+        table = self.tables.lookup(truncation.table_id)
+        if table is None or not self.tables.is_published(table):
+            self.truncations.skip(truncation)
+            return True
+        route = self.tables.route(truncation.table_id.bytes)
+        if route is None or (not route.schema_published and not self._publish_schema(route)):
+            return False  # stopped while publishing the schema (the pipeline needs it to know the table)
+        record = TruncationRecord(self.config.node_id, truncation.table_id.bytes, truncation.segment_id,
+                                  truncation.position, truncation.truncated_at_ms)
+        key, value = record.key(), record.encode()
+        for partition in range(self.deliveries.partitions(self._raw_topic)):
+            if not self.deliveries.send(self._raw_topic, key, value, self._while_blocked, partition):
+                return False
+        if not self.deliveries.seal(self._while_blocked):
+            return False
+        self.truncations.sent(truncation, self.deliveries.watermark())
+        log.info("published the truncation of %s at %d ms (commit log segment %d, position %d)",
+                 route.name, truncation.truncated_at_ms, truncation.segment_id, truncation.position)
+        return True
 
     def _sent_through(self, segments: list[CdcSegment], truncation: Truncation) -> bool:
         """Whether every mutation of CDC tables the node wrote before the truncation's commit log position is

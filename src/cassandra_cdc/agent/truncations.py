@@ -3,10 +3,11 @@
 Cassandra writes no mutation of a table it truncates: each node records, in its ``system.local``, the
 map ``truncated_at`` from the table's id to 20 bytes (the commit log position the truncation covers:
 segment id and position, and the truncation time in milliseconds, its own clock). The agent reads its
-node's map (``schema.cassandra``'s first contact point: the node beside it) at most once a second; each
-truncation of a published table newer than the last one published for the table is published as a
-truncation record, once the node's mutations up to its position are published (``Agent`` decides when),
-and recorded with the agent's positions once Kafka acknowledged it.
+node's map (``schema.cassandra``'s first contact point: the node beside it) before it reads what the idx
+files made readable (so it knows every truncation made before the mutations it is about to read), and at
+most once a second while idle; each truncation of a published table newer than the last one published for
+the table is published as a truncation record between the node's mutations it covers and the later ones
+(``Agent`` does that), and recorded with the agent's positions once Kafka acknowledged it.
 
 With a schema file there is no CQL connection, and truncations are not seen.
 """
@@ -106,11 +107,24 @@ class TruncationWatch:
 
     def due(self) -> list[Truncation]:
         """The truncations to publish (each table's newest), the node's map read again when it is time."""
-        now = time.monotonic()
-        if self._reader is not None and now - self._polled_at >= POLL_SECONDS:
-            self._polled_at = now
-            self._poll(self._reader)
+        if time.monotonic() - self._polled_at >= POLL_SECONDS:
+            self.refresh()
         return list(self._waiting.values())
+
+    def refresh(self) -> None:
+        """Read the node's map now: before reading mutations the idx files made readable, so that every
+        truncation made before them is known (the node records it before any later write)."""
+        if self._reader is not None:
+            self._polled_at = time.monotonic()
+            self._poll(self._reader)
+
+    def before(self, segment_id: int, position: int) -> list[Truncation]:
+        """The truncations waiting whose commit log position is before ``position`` of ``segment_id``."""
+        return [t for t in self._waiting.values() if (t.segment_id, t.position) < (segment_id, position)]
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._waiting)
 
     def _poll(self, reader: TruncatedAtReader) -> None:
         try:
