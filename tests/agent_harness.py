@@ -36,7 +36,7 @@ from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import EmbeddedBroker, Insert, SimulatedNode, Workload, to_mutation
-from cassandra_cdc.kafka.raw_records import RawRecord, record_key
+from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, is_truncation, record_key
 
 from conftest import COMMITLOGS
 
@@ -128,11 +128,19 @@ class RawReader(TopicReader):
         self.records: list[RawRecord] = []
         self.arrival: dict[Key, float] = {}
         self.by_partition: dict[int, list[RawRecord]] = collections.defaultdict(list)
+        # Per partition, its truncation records, each with how many of the partition's records came before.
+        self.truncations: dict[int, list[tuple[int, TruncationRecord]]] = collections.defaultdict(list)
         super().__init__(broker, topic)
 
     def _received(self, batch: list[Any]) -> None:
         now = time.monotonic()
         for message in batch:
+            if is_truncation(message.value()):
+                truncation = TruncationRecord.decode(message.value())
+                assert message.key() == truncation.key()
+                partition = message.partition()
+                self.truncations[partition].append((len(self.by_partition[partition]), truncation))
+                continue
             record = RawRecord.decode(message.value())
             assert message.key() == record_key(record.update)
             self.records.append(record)

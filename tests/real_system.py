@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from cassandra_cdc.demo.cql_workload import key_columns
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
-from cassandra_cdc.kafka.raw_records import RawRecord
+from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, is_truncation
 
 
 @contextlib.contextmanager
@@ -66,21 +66,34 @@ def consume_events(bootstrap_servers: str, topics: list[str]) -> dict[str, list[
 
 
 def records_by_node(bootstrap_servers: str, topic: str, table: bytes) -> collections.Counter[str]:
-    """How many raw records of ``table`` (its id) each agent (node id) has on ``topic``."""
+    """How many raw records of ``table``'s updates (its id) each agent (node id) has on ``topic``."""
+    return collections.Counter(RawRecord.decode(value).node_id for _, value in raw_records(
+        bootstrap_servers, topic, table) if not is_truncation(value))
+
+
+def truncations_by_node(bootstrap_servers: str, topic: str,
+                        table: bytes) -> collections.Counter[tuple[str, int]]:
+    """How many truncation records of ``table`` each agent (node id) has in each partition of ``topic``."""
+    return collections.Counter((TruncationRecord.decode(value).node_id, partition) for partition, value in
+                               raw_records(bootstrap_servers, topic, table) if is_truncation(value))
+
+
+def raw_records(bootstrap_servers: str, topic: str, table: bytes) -> list[tuple[int, bytes]]:
+    """The raw records of ``table`` (its id) on ``topic``: (partition, value)."""
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "unused",
                          "enable.partition.eof": True, "enable.auto.commit": False})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        pending, counts = set(partitions), collections.Counter[str]()
+        pending, records = set(partitions), []
         deadline = time.monotonic() + 60
         while pending and time.monotonic() < deadline:
             for message in consumer.consume(1000, timeout=0.5):
                 if message.error() is not None:
                     pending.discard(message.partition())
                 elif message.key().startswith(table):
-                    counts[RawRecord.decode(message.value()).node_id] += 1
-        return counts
+                    records.append((message.partition(), message.value()))
+        return records
     finally:
         consumer.close()
 
@@ -160,5 +173,5 @@ def differences_of(events: list[dict[str, Any]], session: Any, keyspace: str, ta
                    selected: tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]) -> list[str]:
     """How ``events``, replayed, differ from ``selected`` (``table_rows``)."""
     columns, expected = selected
-    got = replay((("t", e) for e in events), "t", key_columns(session, keyspace, table))
+    got = replay((("table", e) for e in events), "table", key_columns(session, keyspace, table))
     return compare_rows(got, expected, columns)

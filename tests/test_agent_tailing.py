@@ -20,8 +20,10 @@ from cassandra_cdc.agent.deliveries import MARKER_INTERVAL, Deliveries
 from cassandra_cdc.agent.agent_metrics import LatencyHistogram
 from cassandra_cdc.agent.publisher import Publisher
 from cassandra_cdc.agent.cdc_raw import read_cdc_index
+from cassandra_cdc.agent.truncations import Truncation, TruncationWatch
 from cassandra_cdc.commitlog import Mutation
 from cassandra_cdc.simulator import EmbeddedBroker, Insert, SimulatedNode, to_mutation
+from cassandra_cdc.kafka.raw_records import TruncationRecord
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 
 import agent_harness
@@ -345,3 +347,65 @@ def test_deliveries_know_every_record_acknowledged_from_a_few_reports(broker: Em
     assert ours == picked
     reader.close()
     default.close()
+
+
+# --- truncations ------------------------------------------------------------------------------------------
+
+class NodeTruncations:
+    """The node's ``system.local.truncated_at`` as the test sets it (test_real_e2e.py reads a real node's)."""
+
+    node = "node1"
+
+    def __init__(self, *truncations: Truncation) -> None:
+        self.truncations = list(truncations)
+
+    def read(self) -> list[Truncation]:
+        return list(self.truncations)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_truncation_is_published_to_every_partition_once_after_the_writes_it_covers(
+        harness: MakeHarness) -> None:
+    """The truncations the node has at the agent's first start are not published; a later one of a
+    published table goes to each raw partition once the node's writes up to its commit log position are
+    read, between them and the later writes in every partition (read in the same pass), and never again,
+    after a restart too; an unpublished table's never."""
+    h = harness()
+    users, audit = SCHEMA.table("ks", "users").id, SCHEMA.table("ks", "audit").id
+    node = NodeTruncations(Truncation(users, 1, 10, 1_000))  # there before the agent
+
+    def with_node(agent: Agent) -> None:
+        agent.truncations = TruncationWatch(agent.config, agent.positions, node)  # type: ignore[arg-type]
+    config = h.config()
+    h.write(40)
+    h.node.sync()
+    with running(config, with_node) as agent:
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the writes")
+        h.write(10, sync_every=None)
+        segment, position = h.insert("ks.users", id=1, name="covered")
+        h.write(5, sync_every=None)  # after the truncation: not synced yet, so nothing of these is read
+        node.truncations = [Truncation(table, segment, position, 2_000) for table in (users, audit)]
+        time.sleep(1.5)  # the agent polls the node's truncations every second
+        raw.poll()
+        assert not raw.truncations, "published before the writes it covers were read"
+        h.node.sync()
+        raw.wait_for(lambda: sum(map(len, raw.truncations.values())) == 3, "the truncation in each partition")
+        wait_until(lambda: agent.positions.truncations == {str(users): 2_000, str(audit): 2_000}, "recorded")
+    assert sorted(raw.truncations) == [0, 1, 2]
+    later = 0
+    for partition, [(after, truncation)] in raw.truncations.items():
+        assert truncation == TruncationRecord("node1", users.bytes, segment, position, 2_000)
+        covered = [(r.segment_id, r.position) <= (segment, position) for r in raw.by_partition[partition]]
+        assert all(covered[:after]) and not any(covered[after:]), f"partition {partition} out of order"
+        later += len(covered[after:])
+    assert later, "no write after the truncation"
+    with running(config, with_node):
+        h.insert("ks.users", id=2, name="after the restart")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the write after the restart")
+        time.sleep(1.5)
+        raw.poll()
+    assert sum(map(len, raw.truncations.values())) == 3

@@ -39,7 +39,8 @@ def test_the_json_converter_writes_our_events_back_unchanged() -> None:
                 everything.value(ROW, dict(ROW, name="coffee"), "u", SOURCE, 1714979290001),
                 everything.value(ROW, None, "d", expiry, 1714979290002),
                 everything.value(None, ROW, "r", SOURCE._replace(snapshot=True), 1714979290003),
-                everything.value(None, {"id": ROW["id"], "seq": 1}, "c", SOURCE, 1714979290004)]
+                everything.value(None, {"id": ROW["id"], "seq": 1}, "c", SOURCE, 1714979290004),
+                everything.no_key(), everything.value(None, None, "t", SOURCE, 1714979290007)]  # a truncation
     assert NAMED is not None
     named_row = _driver_row(NAMED, NAMED_VALUES)
     named = EventEncoder("prod", NAMED, "json")

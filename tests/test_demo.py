@@ -178,11 +178,11 @@ def test_tail_of_a_missing_topic_is_an_error(broker: EmbeddedBroker) -> None:
 # --- the pieces ---------------------------------------------------------------------------------
 
 def test_replayed_rows_compare_with_the_model_columns_added_later_read_null() -> None:
-    events = [("t", {"op": "c", "after": {"id": 1, "v": "a"}, "before": None}),
-              ("t", {"op": "c", "after": {"id": 2, "v": "b"}, "before": None}),
-              ("t", {"op": "u", "after": {"id": 2, "v": "c"}, "before": {"id": 2, "v": "b"}}),
-              ("t", {"op": "d", "after": None, "before": {"id": 1, "v": "a"}}),
-              ("other", {"op": "c", "after": {"id": 9, "v": "z"}, "before": None})]
+    changes = [("t", "c", None, {"id": 1, "v": "a"}), ("t", "c", None, {"id": 2, "v": "b"}),
+               ("t", "u", {"id": 2, "v": "b"}, {"id": 2, "v": "c"}), ("t", "d", {"id": 1, "v": "a"}, None),
+               ("other", "c", None, {"id": 9, "v": "z"})]
+    events = [(topic, {"op": op, "before": before, "after": after, "source": {"ts_ms": ms}})
+              for ms, (topic, op, before, after) in enumerate(changes)]
     got = replay(events, "t", ["id"])
     assert got == {(2,): {"id": 2, "v": "c"}}
     assert compare_rows(got, {(2,): {"id": 2, "v": "c", "added": None}}, ["id", "v", "added"]) == []
@@ -192,6 +192,20 @@ def test_replayed_rows_compare_with_the_model_columns_added_later_read_null() ->
                         "(3): in the table, but no event made it (expected {id: 3, v: 'x'})"]
     assert normalized({"s": frozenset({"b", "a"}), "t": (1, 2), "u": uuid.UUID(int=1)}) == {
         "s": ["a", "b"], "t": [1, 2], "u": "00000000-0000-0000-0000-000000000001"}
+
+
+def test_a_replayed_truncation_empties_the_table_of_the_rows_written_before_it_in_any_order() -> None:
+    """A ``t`` has no key: the events of other partitions are read before or after it whatever their write
+    times. Those written before it are gone, those written after it stay, in either order."""
+    def event(op: str, row: dict[str, Any] | None, ms: int) -> tuple[str, dict[str, Any]]:
+        return "t", {"op": op, "before": None, "after": row, "source": {"ts_ms": ms}}
+    before = [event("c", {"id": 1, "v": "old"}, 10), event("c", {"id": 2, "v": "old"}, 11)]
+    truncation = [event("t", None, 20)]
+    after = [event("c", {"id": 2, "v": "new"}, 30), event("c", {"id": 3, "v": "new"}, 31)]
+    expected = {(2,): {"id": 2, "v": "new"}, (3,): {"id": 3, "v": "new"}}
+    for order in (before + truncation + after, after[1:] + truncation + before + after[:1],
+                  before[:1] + after + truncation + before[1:]):
+        assert replay(order, "t", ["id"]) == expected
 
 
 def test_the_simulated_cluster_takes_a_schema_change(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import DeleteRange, DeleteRow, Insert, Update, to_mutation
-from cassandra_cdc.kafka.raw_records import RawRecord, record_key
+from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, record_key
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 
 SERVER = "processor"
@@ -87,7 +87,7 @@ def test_partitions_pickled_as_objects_are_read_and_stored_as_builtins() -> None
     old, new = pickle.dumps(state), pickle.dumps(state.stored())
     partitions = PartitionGroup({b"old": (None, old), b"new": (None, new)})
     assert partitions.get(b"old").__reduce__() == partitions.get(b"new").__reduce__() == state.__reduce__()
-    _, stored = pickle.loads(partitions.dump())  # type: ignore[arg-type]
+    _, stored, *_ = pickle.loads(partitions.dump())  # type: ignore[arg-type]
     assert {key: pickle.loads(value) for key, (_, value) in stored.items()} == {b"old": state.stored(),
                                                                                  b"new": state.stored()}
 
@@ -167,12 +167,13 @@ class _Events:
                 return []
             self._assigned.add(topic)
             self._consumer.incremental_assign([TopicPartition(topic, 0, self._start.get(topic, 0))])
-        values = []
+        values, self.keys = [], []
         while (message := self._consumer.poll(10)) is not None:
             if message.error():
                 break  # the end of the partition
             if message.topic() == topic:
                 values.append(message.value())
+                self.keys.append(message.key())
         return values
 
 
@@ -228,16 +229,18 @@ def run_task(processor: ChangeProcessor, call: Any, topic: str = f"{SERVER}.app.
     return payloads
 
 
-def kafka_rows(records: list[tuple[bytes, bytes]]) -> pd.DataFrame:
-    """``(key, value)`` records as the rows Spark's ``kafka`` format gives them: partition 0, in offset order."""
+def kafka_rows(records: list[tuple[bytes, bytes]], partition: int = 0) -> pd.DataFrame:
+    """``(key, value)`` records as the rows Spark's ``kafka`` format gives them: one raw partition, in offset
+    order."""
     return pd.DataFrame({"key": [key for key, _ in records], "value": [value for _, value in records],
-                         "partition": [0] * len(records), "offset": list(range(len(records)))})
+                         "partition": [partition] * len(records), "offset": list(range(len(records)))})
 
 
 def run_batch(processor: ChangeProcessor, handle: _MemoryHandle, records: list[tuple[bytes, bytes]], group: int = 0,
               topic: str = f"{SERVER}.app.users") -> list[dict[str, Any]]:
-    """One micro-batch of one group, its records in the rows as Spark's ``kafka`` format gives them."""
-    frame = kafka_rows(records)
+    """One micro-batch of one group (the group of raw partition ``group``), its records in the rows as Spark's
+    ``kafka`` format gives them."""
+    frame = kafka_rows(records, group)
     handle.current = (group,)
     return run_task(processor, lambda: list(processor.handleInputRows((group,), iter([frame]), _Clock())), topic)
 
@@ -298,7 +301,7 @@ def test_a_group_stored_before_timers_were_recorded_asks_spark_once(processor: A
     run_batch(*processor, copies(ann))
     [timer] = handle.timers[(0,)]
     state = handle.values[(0,)]
-    _, partitions = pickle.loads(state.value[0])
+    _, partitions, *_ = pickle.loads(state.value[0])
     state.value = (pickle.dumps(partitions),)  # the layout of earlier versions: no timer in the state
     bob = Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW)
     events = run_batch(*processor, copies(bob))
@@ -544,3 +547,90 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
     handle.values, handle.timers = before
     events = run_batch(*processor, two)
     assert [(e["op"], e["after"]["id"], e["after"]["age"]) for e in events] == [("u", 1, 40), ("c", 2, 5)]
+
+
+def truncation_copies(at_ms: int, table: Any = SCHEMA.table("app", "users"),
+                      nodes: tuple[str, ...] = ("node1", "node22", "node333")) -> list[tuple[bytes, bytes]]:
+    """(key, value) of each node's truncation record of one TRUNCATE: each node's clock a little later."""
+    records = [TruncationRecord(node, table.id.bytes, 5, 400 + i, at_ms + 3 * i)
+               for i, node in enumerate(nodes)]
+    return [(record.key(), record.encode()) for record in records]
+
+
+def test_a_truncation_deletes_the_table_without_row_events_and_later_writes_live(processor: Any) -> None:
+    """The nodes' truncation records give one ``t`` event (no row in its key, no tombstone after it), no
+    event per row; a late copy of a write made before the truncation stays deleted, in a partition the group
+    held and in one it meets only now; writes after it live, on partitions that start empty."""
+    change_processor, handle = processor
+    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW))
+              + copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW)))
+    truncated_ms = NOW // 1000 + 10
+    late_ann, late_cy = (copies(op, nodes=("node4444",))[0] for op in (
+        Update("app.users", {"id": 1}, {"age": 31}, timestamp=NOW + 5),
+        Insert("app.users", {"id": 3, "name": "cy", "age": 50}, timestamp=NOW + 5)))
+    after_ms = (truncated_ms + 10) * 1000
+    events = run_batch(*processor, truncation_copies(truncated_ms)[:2] + [late_ann, late_cy]
+                       + copies(Insert("app.users", {"id": 1, "name": "ann", "age": 32}, timestamp=after_ms))
+                       + truncation_copies(truncated_ms)[2:])
+    assert [(e["op"], e["before"], e["after"] and e["after"]["age"]) for e in events] == [
+        ("t", None, None), ("c", None, 32)]
+    assert events[0]["source"] | {"version": None} == {
+        "version": None, "connector": "cassandra_cdc", "name": SERVER, "ts_ms": truncated_ms,
+        "snapshot": "false", "db": "app", "sequence": None, "ts_us": truncated_ms * 1000,
+        "ts_ns": truncated_ms * 1_000_000, "cluster": SERVER, "keyspace": "app", "table": "users",
+        "node": "node1", "segment": 5, "position": 400}
+    key = json.loads(change_processor.events.keys[0])  # a key converters read as null: no row
+    assert key["payload"] is None and key["schema"]["optional"] and key["schema"]["name"] == f"{SERVER}.app.users.Key"
+    events = run_batch(*processor, copies(Update("app.users", {"id": 2}, {"age": 41}, timestamp=after_ms)))
+    assert [(e["op"], e["before"], e["after"]) for e in events] == [
+        ("c", None, {"id": 2, "name": None, "age": 41})]
+    events = run_batch(*processor, copies(Insert("app.users", {"id": 3, "name": "cy", "age": 50},
+                                                 timestamp=NOW)))
+    assert events == []  # another late copy of a write the truncation deleted
+
+
+def test_a_truncation_is_applied_by_every_group_and_written_by_raw_partition_0s(processor: Any) -> None:
+    """Every group deletes its partitions of the table; the event comes from the group of raw partition 0
+    alone, whichever receives the records first."""
+    ann = copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW))
+    truncated_ms = NOW // 1000 + 10
+    run_batch(*processor, ann, group=1)
+    assert run_batch(*processor, truncation_copies(truncated_ms), group=1) == []
+    events = run_batch(*processor, copies(Update("app.users", {"id": 1}, {"age": 31},
+                                                 timestamp=(truncated_ms + 10) * 1000)), group=1)
+    assert [(e["op"], e["after"]) for e in events] == [("c", {"id": 1, "name": None, "age": 31})]
+    assert [e["op"] for e in run_batch(*processor, truncation_copies(truncated_ms), group=0)] == ["t"]
+
+
+def test_a_replayed_truncation_writes_no_second_event_and_a_later_one_writes_one(processor: Any) -> None:
+    """A batch replayed from the state before it writes nothing again; a node's copy arriving late, within
+    Cassandra's truncate timeout of the one written, is the same truncation; one after it is another."""
+    change_processor, handle = processor
+    truncated_ms = NOW // 1000
+    before = copy.deepcopy((handle.values, handle.timers))
+    replayed_batch = change_processor.batch_id
+    assert [e["op"] for e in run_batch(*processor, truncation_copies(truncated_ms)[:1])] == ["t"]
+    handle.values, handle.timers = before
+    change_processor.batch_id = replayed_batch
+    assert run_batch(*processor, truncation_copies(truncated_ms)[:1]) == []
+    assert run_batch(*processor, truncation_copies(truncated_ms + 59_000)[1:]) == []
+    assert [e["op"] for e in run_batch(*processor, truncation_copies(truncated_ms + 61_000))] == ["t"]
+
+
+def test_avro_truncation_events_carry_no_rows(broker: Any, spark: Any, monkeypatch: Any) -> None:
+    table = SCHEMA.table("app", "users")
+    owner, handle = started_processor(broker, monkeypatch, [table], fmt="avro")
+    try:
+        handle.current = (0,)
+        owner.init(handle)
+        list(owner.handleInputRows((0,), iter([kafka_rows(truncation_copies(NOW // 1000))]), _Clock()))
+        owner.close()
+        [value] = owner.events.read(f"{SERVER}.app.users")  # type: ignore[attr-defined]
+        event = next(fastavro.reader(io.BytesIO(value)))
+        assert (event["op"], event["before"], event["after"], event["source"]["ts_ms"]) == (
+            "t", None, None, NOW // 1000)
+        [key] = owner.events.keys  # type: ignore[attr-defined]
+        assert list(fastavro.reader(io.BytesIO(key))) == [None]
+    finally:
+        owner.close()
+        owner.events.close()  # type: ignore[attr-defined]

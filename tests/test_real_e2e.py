@@ -3,9 +3,10 @@ one ``cassandra-cdc agent`` process beside each node on its real ``cdc_raw`` (sc
 by CQL), the ``cassandra-cdc pipeline`` process (local[2]) on the real Kafka broker (``real_kafka``).
 
 A CQL workload at CONSISTENCY ALL (cells, rows, partitions, ranges, TTLs, out-of-order timestamps,
-statics, collections, user types, tuples, counters, batches, LWT, ALTER TABLE, a table created while
-running, a table without CDC, many types), written partly while an agent restarts (SIGTERM) and while
-the pipeline restarts (kill -9). Then, once the TTLs have passed, each table's events (read_committed),
+statics, collections, nested collections, user types, tuples, counters, batches, LWT, a TRUNCATE,
+ALTER TABLE, a table created while running, a table without CDC, many types), written partly while an
+agent restarts (SIGTERM) and while the pipeline restarts (kill -9). A TRUNCATE before the agents start
+precedes them: it is not published. Then, once the TTLs have passed, each table's events (read_committed),
 replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
 """
 
@@ -21,7 +22,8 @@ import pytest
 from cassandra_cdc.demo.cql_workload import CDC_TABLES as WORKLOAD_CDC_TABLES
 from cassandra_cdc.demo.cql_workload import (SHORT_TTL, Workload, late_table_statement, schema_statements,
                                              table_rows)
-from real_system import System, consume_events, differences_of, session_at_all, topic_exists, wait_for
+from real_system import (System, consume_events, differences_of, session_at_all, table_id, topic_exists,
+                         truncations_by_node, wait_for)
 
 KEYSPACE = "real_e2e"
 SERVER = "reale2e"
@@ -38,6 +40,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
     with session_at_all(real_cassandra, schema_statements(KEYSPACE)) as session:
         write = Workload(session, KEYSPACE)
         try:
+            write(f"TRUNCATE {KEYSPACE}.collections", timeout=120)  # before the agents: not theirs to publish
             system.start_agents()
             write.rows_table(0, 6)
             wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{SERVER}.raw"), "the raw topic", 60,
@@ -47,10 +50,12 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             timings["started"] = time.monotonic() - started
             write.out_of_order(50)
             write.collections(0, 6)
+            write.nested(0, 6)
             write.counters(0, 4)
             write.types(0, 6)
             write.batches_and_lwt(200)
             write.others(0, 4)
+            write.truncate_collections(reinserted=2)
             # An agent stopped cleanly (SIGTERM) while writes go on, then started again.
             agent = system.agents[0]
             assert agent.stop(signal.SIGTERM) == 0, agent.log_tail(30)
@@ -89,11 +94,14 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
                 time.sleep(3)
             timings["converged"] = time.monotonic() - started
             plain_exists = topic_exists(real_kafka.bootstrap_servers, topics["plain"])
+            truncations = truncations_by_node(real_kafka.bootstrap_servers, f"{SERVER}.raw",
+                                              table_id(session, KEYSPACE, "collections"))
         finally:
             system.stop()
     print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
     return {"events": {table: events[topic] for table, topic in topics.items()}, "differences": differences,
-            "tables": tables, "plain_topic": plain_exists, "logs": system.logs()}
+            "tables": tables, "plain_topic": plain_exists, "truncation_records": truncations,
+            "nodes": [node.address for node in real_cassandra.nodes], "logs": system.logs()}
 
 
 @pytest.mark.parametrize("table", CDC_TABLES)
@@ -115,3 +123,11 @@ def test_no_event_is_read_twice(outcome):
 def test_a_table_without_cdc_has_no_topic(outcome):
     assert not outcome["plain_topic"]
     assert outcome["events"]["plain"] == []
+
+
+def test_each_agent_publishes_the_truncation_once_to_every_raw_partition(outcome):
+    """The TRUNCATE while running: one truncation record per node and raw partition (3), the restarted agent's
+    included; the one before the agents started, none. Its events: one ``t``."""
+    assert outcome["truncation_records"] == {(node, partition): 1 for node in outcome["nodes"]
+                                             for partition in range(3)}, outcome["logs"]
+    assert [e["op"] for e in outcome["events"]["collections"]].count("t") == 1

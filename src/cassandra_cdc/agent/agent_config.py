@@ -43,7 +43,8 @@ class CqlTls(_Section):
 
 class CassandraSchemaSource(_Section):
     contact_points: list[str] = Field(default_factory=lambda: ["127.0.0.1"],
-                                      description="Cassandra hosts to read system_schema from.")
+                                      description="Cassandra hosts to read system_schema from; the first is "
+                                                  "the node beside the agent, whose truncations it reads.")
     port: int = Field(9042, description="CQL native port.")
     username: str | None = Field(None, description="CQL user (PasswordAuthenticator).")
     password: str | None = Field(None, description="CQL password (see password_file).")

@@ -57,11 +57,14 @@ class Deliveries:
         self._held: list[_Held | None] = []
         self._slots: dict[str, list[int]] = {}  # per topic: the slot of each partition
 
-    def send(self, topic: str, key: bytes, value: bytes, should_stop: Callable[[], bool]) -> bool:
-        """Queue a record. False if asked to stop while Kafka's queue was full: then the record, or the one it
-        was to release, may not be queued, and the caller must not count it as published."""
+    def send(self, topic: str, key: bytes, value: bytes, should_stop: Callable[[], bool],
+             partition: int | None = None) -> bool:
+        """Queue a record (to ``partition``, or the key's). False if asked to stop while Kafka's queue was
+        full: then the record, or the one it was to release, may not be queued, and the caller must not count
+        it as published."""
         slots = self._slots.get(topic) or self._add_slots(topic)
-        partition = zlib.crc32(key) % len(slots)
+        if partition is None:
+            partition = zlib.crc32(key) % len(slots)
         slot = slots[partition]
         held = self._held[slot]
         if held is not None and not self._produce(slot, held, False, should_stop):
@@ -69,6 +72,10 @@ class Deliveries:
         self._newest[slot] = sequence = self._newest[slot] + 1
         self._held[slot] = (topic, partition, key, value, sequence)
         return True
+
+    def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has."""
+        return len(self._slots.get(topic) or self._add_slots(topic))
 
     def seal(self, should_stop: Callable[[], bool]) -> bool:
         """Queue the held records, each reporting its delivery; False if asked to stop meanwhile."""

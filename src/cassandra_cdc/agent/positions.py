@@ -1,5 +1,6 @@
 """The agent's durable position: per segment, the logical position up to which Kafka has everything; per
-partition of the raw topic, the highest offset Kafka acknowledged for the agent's own records.
+partition of the raw topic, the highest offset Kafka acknowledged for the agent's own records; per table, the
+node's last truncation published.
 
 Saved by write-temp + fsync + rename (+ fsync of the directory), so a crash at any moment leaves either
 the old or the new file, never a torn one. What the agent writes is its own: files 0600, directories 0700,
@@ -57,6 +58,9 @@ class PositionStore:
         self.segments: dict[int, SegmentPosition] = {}
         # Per topic, per partition: the highest offset Kafka acknowledged (files of older agents have none).
         self.acknowledged_offsets: dict[str, dict[int, int]] = {}
+        # Per table id: the time (ms) of the node's last truncation of it that is published (or was there
+        # before the agent); None until the node's truncations are first read.
+        self.truncations: dict[str, int] | None = None
         self._saved: str | None = None
         if self.path.exists():
             self._load()
@@ -69,6 +73,9 @@ class PositionStore:
             self.segments = {int(k): SegmentPosition(**v) for k, v in data["segments"].items()}
             self.acknowledged_offsets = {topic: {int(p): int(o) for p, o in offsets.items()}
                                          for topic, offsets in data.get("acknowledged_offsets", {}).items()}
+            truncations = data.get("truncations")
+            self.truncations = (None if truncations is None
+                                else {str(table): int(ms) for table, ms in truncations.items()})
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{self.path}: unreadable agent state ({error}); move it away to start over") from error
         self._saved = self._serialize()
@@ -97,6 +104,8 @@ class PositionStore:
                    for topic, by_partition in sorted(self.acknowledged_offsets.items()) if by_partition}
         if offsets:
             state["acknowledged_offsets"] = offsets
+        if self.truncations is not None:
+            state["truncations"] = dict(sorted(self.truncations.items()))
         return json.dumps(state, indent=1)
 
     def save(self) -> bool:

@@ -201,7 +201,7 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
         settings = source.cassandra
         assert settings is not None
         nodes = ", ".join(settings.contact_points)
-        with _driver_log_at_debug():
+        with driver_log_at_debug():
             cluster = cql_cluster(settings)
             try:
                 return fetch_schema(cluster.connect())
@@ -275,7 +275,7 @@ class _ToDebug(logging.Filter):
 
 
 @contextlib.contextmanager
-def _driver_log_at_debug() -> Iterator[None]:
+def driver_log_at_debug() -> Iterator[None]:
     """The driver's connection lines at DEBUG: a schema read that fails is reported as one line with the
     driver's reasons (a ConfigError), not as the driver's warnings and tracebacks of each attempt."""
     to_debug = _ToDebug()
@@ -289,12 +289,13 @@ def _driver_log_at_debug() -> Iterator[None]:
             logger.removeFilter(to_debug)
 
 
-def cql_cluster(settings: CassandraSchemaSource) -> Any:
+def cql_cluster(settings: CassandraSchemaSource, only_node: str | None = None) -> Any:
     """A cassandra-driver ``Cluster`` as ``schema.cassandra`` says: login, TLS, and the local datacenter as
-    the only one queried."""
+    the only one queried; or, with ``only_node``, that node alone (for what only it knows: its
+    ``system.local``)."""
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-    from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+    from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy, WhiteListRoundRobinPolicy
 
     auth = PlainTextAuthProvider(settings.username, settings.password) if settings.username else None
     context = None
@@ -304,8 +305,12 @@ def cql_cluster(settings: CassandraSchemaSource) -> Any:
         context.check_hostname = tls.verify_hostname
         if tls.cert_file is not None:
             context.load_cert_chain(str(tls.cert_file), str(tls.key_file), tls.key_password)
-    # Without local_dc the driver takes the contact points' datacenter as the local one.
-    policy = TokenAwarePolicy(DCAwareRoundRobinPolicy(settings.local_dc))
+    if only_node is not None:
+        contact_points, policy = [only_node], WhiteListRoundRobinPolicy([only_node])
+    else:
+        # Without local_dc the driver takes the contact points' datacenter as the local one.
+        contact_points = settings.contact_points
+        policy = TokenAwarePolicy(DCAwareRoundRobinPolicy(settings.local_dc))
     profile = ExecutionProfile(load_balancing_policy=policy)
-    return Cluster(settings.contact_points, port=settings.port, auth_provider=auth, ssl_context=context,
+    return Cluster(contact_points, port=settings.port, auth_provider=auth, ssl_context=context,
                    execution_profiles={EXEC_PROFILE_DEFAULT: profile})

@@ -7,6 +7,10 @@ order the node wrote them. A segment's position only advances over entries whose
 acknowledged; a segment is cleaned up once it is COMPLETED and fully acknowledged. A segment some of whose
 bytes were neither published nor quarantined on their own (a header or section it cannot read, framing it
 cannot follow) is never cleaned up: it is moved whole into the quarantine directory.
+
+A truncation of a published table (``truncations.py``) is sent to every partition of the raw topic between
+the node's mutations up to the commit log position it covers and the later ones: in every partition, the
+node's writes before it come before it, and those after it after it.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from ..commitlog.segment_errors import CommitLogError, DescriptorError
 from ..storage import MutationDecodeError, UnknownTableError
 from ..commitlog.mutation import split_partition_updates
 from ..commitlog.segment_reader import DamageKind, Entry
-from ..kafka.raw_records import encode_update
+from ..kafka.raw_records import TruncationRecord, encode_update
 from ..observability import serve_metrics
 from .cdc_raw import CdcSegment, ChangeNotifier, list_segments
 from .agent_config import AgentConfig, ConfigError
@@ -43,6 +47,7 @@ from .segment_keys import ensure_key, key_error, load_keystore
 from .segment_progress import SegmentProgress
 from .space_watch import SpaceWatch
 from .tables import Route, TableRegistry
+from .truncations import Truncation, TruncationWatch
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,7 @@ class Agent:
         self.schemas = SchemaPublisher(self.publisher, config.schema_topic, config.node_id, self._stopping,
                                        self._while_blocked)
         self.space = SpaceWatch(config, self.metrics)
+        self.truncations = TruncationWatch(config, self.positions)
         self._progress: dict[int, SegmentProgress] = {}
         self._node_id = config.node_id.encode("utf-8")
         self._raw_topic = config.raw_topic
@@ -155,6 +161,7 @@ class Agent:
         finally:
             self._tailing = False
             self.notifier.stop()
+            self.truncations.close()
             # After a delivery failure, what Kafka acknowledged before may be gone too: nothing more is saved.
             if not isinstance(failure, DeliveryFailed):
                 failure = self._drain() or failure
@@ -249,11 +256,14 @@ class Agent:
             progress.unreadable_since = None
             limit, final = extent
             if limit is None or limit > progress.read_position:
+                self.truncations.refresh()  # after the idx was read: every truncation before what it allows
                 progressed |= self._read(progress, limit, final)
             elif final:
                 progress.read_all = True
             if not progress.read_all:
                 break  # newer segments wait until this one is complete: per-partition order
+        if not self._stopping.is_set():
+            self._publish_truncations(segments)
         self._housekeeping()
         return progressed
 
@@ -317,6 +327,8 @@ class Agent:
             try:
                 version = reader.version
                 for count, entry in enumerate(reader.entries(), 1):
+                    if self.truncations.waiting and not self._publish_truncations_before(progress, entry):
+                        break
                     if not self._publish_entry(progress, version, entry):
                         break
                     progress.read_position = entry.position
@@ -408,6 +420,61 @@ class Agent:
         route.schema_published = self.schemas.ensure_published(route.table)
         return route.schema_published
 
+    # --- truncations ------------------------------------------------------------------------------
+
+    def _publish_truncations(self, segments: list[CdcSegment]) -> None:
+        """Send each due truncation whose commit log position every mutation before it was read up to (with
+        no mutation after it read yet, or it would have been sent before that one)."""
+        for truncation in self.truncations.due():
+            if self._sent_through(segments, truncation) and not self._send_truncation(truncation):
+                return
+
+    def _publish_truncations_before(self, progress: SegmentProgress, entry: Entry) -> bool:
+        """Send the truncations waiting that precede ``entry``, before it; False if stopped meanwhile."""
+        for truncation in self.truncations.before(progress.segment.segment_id, entry.position):
+            if not self._send_truncation(truncation):
+                return False
+        return True
+
+    def _send_truncation(self, truncation: Truncation) -> bool:
+        """Send a truncation to every partition of the raw topic (if its table is published; else it is only
+        recorded). False if stopped meanwhile: it is sent again after the restart."""
+        table = self.tables.lookup(truncation.table_id)
+        if table is None or not self.tables.is_published(table):
+            self.truncations.skip(truncation)
+            return True
+        route = self.tables.route(truncation.table_id.bytes)
+        if route is None or (not route.schema_published and not self._publish_schema(route)):
+            return False  # stopped while publishing the schema (the pipeline needs it to know the table)
+        record = TruncationRecord(self.config.node_id, truncation.table_id.bytes, truncation.segment_id,
+                                  truncation.position, truncation.truncated_at_ms)
+        key, value = record.key(), record.encode()
+        for partition in range(self.deliveries.partitions(self._raw_topic)):
+            if not self.deliveries.send(self._raw_topic, key, value, self._while_blocked, partition):
+                return False
+        if not self.deliveries.seal(self._while_blocked):
+            return False
+        self.truncations.sent(truncation, self.deliveries.watermark())
+        log.info("published the truncation of %s at %d ms (commit log segment %d, position %d)",
+                 route.name, truncation.truncated_at_ms, truncation.segment_id, truncation.position)
+        return True
+
+    def _sent_through(self, segments: list[CdcSegment], truncation: Truncation) -> bool:
+        """Whether every mutation of CDC tables the node wrote before the truncation's commit log position is
+        read and sent: older segments read to their end, the truncation's own segment up to the position (a
+        segment without an idx file holds no CDC data)."""
+        for segment in segments:
+            if segment.segment_id > truncation.segment_id:
+                break
+            progress = self._progress.get(segment.segment_id)
+            if progress is None:
+                return False  # not reached yet: an older one is still being read
+            reached = progress.read_all or (segment.segment_id == truncation.segment_id
+                                            and progress.read_position >= truncation.position)
+            if not reached and segment.index_path.exists():
+                return False
+        return True
+
     # --- damage -----------------------------------------------------------------------------------
 
     def _unreadable(self, progress: SegmentProgress, reason: str, file_offset: int) -> None:
@@ -452,6 +519,7 @@ class Agent:
             if progress.index_offset is not None:
                 behind += max(0, progress.index_offset - progress.acknowledged)
         self.positions.acknowledge(self._raw_topic, self.deliveries.acknowledged_offsets(self._raw_topic))
+        self.truncations.acknowledge(self.deliveries)
         self.positions.save()
         self.metrics.behind_bytes.set(behind)
         self._set_lag()

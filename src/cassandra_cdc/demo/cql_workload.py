@@ -1,15 +1,17 @@
 """A CQL workload for a real Cassandra cluster, and its tables read back as change events carry them.
 
 Shared by the real end-to-end test (tests/test_real_e2e.py) and ``cassandra-cdc demo`` on real nodes.
-The workload (through cassandra-driver, at the session's consistency level) covers cells, rows,
-partitions and clustering ranges, TTLs, out-of-order timestamps, static columns, collections, user
-types, tuples, counters, batches, LWT and many CQL types; ``table_rows`` reads a table with ``SELECT *``
-in the shapes of the JSON events (docs/events.md), so that events replayed into rows compare with it.
+The workload (through cassandra-driver, at the session's consistency level) covers cells, rows, partitions
+and clustering ranges, TTLs, out-of-order timestamps, static columns, collections (nested ones too), user
+types, tuples, counters, batches, LWT, a TRUNCATE and many CQL types; ``table_rows`` reads a table with
+``SELECT *`` in the shapes of the JSON events (docs/events.md), so that events replayed into rows compare
+with it.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import decimal
 import struct
@@ -29,11 +31,14 @@ def schema_statements(keyspace: str) -> list[str]:
         f"CREATE KEYSPACE {keyspace} WITH replication = "
         "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}",
         f"CREATE TYPE {keyspace}.address (street text, number int)",
+        f"CREATE TYPE {keyspace}.tagged (name text, tags frozen<set<text>>, scores frozen<map<int, text>>)",
         f"""CREATE TABLE {keyspace}.rows (pk int, ck int, s text static, v text, n int, gone text,
             PRIMARY KEY (pk, ck)) WITH cdc = true""",
         f"""CREATE TABLE {keyspace}.collections (id int PRIMARY KEY, l list<int>, st set<text>,
             m map<text, int>, home address, frozen_home frozen<address>, pair tuple<int, text>,
-            frozen_list frozen<list<int>>) WITH cdc = true""",
+            frozen_list frozen<list<int>>, nested_map map<text, frozen<list<int>>>,
+            nested_list list<frozen<set<text>>>, nested_set set<frozen<map<int, text>>>, label tagged)
+            WITH cdc = true""",
         f"CREATE TABLE {keyspace}.counters (id int PRIMARY KEY, hits counter, misses counter) "
         "WITH cdc = true",
         f"""CREATE TABLE {keyspace}.types (id int PRIMARY KEY, amount decimal, total varint, span duration,
@@ -63,8 +68,10 @@ class Workload:
         self.keyspace = keyspace
         self.base_ts = int(time.time() * 1_000_000)
 
-    def __call__(self, cql: str, *values: Any) -> Any:
-        return self.session.execute(cql, values or None)
+    def __call__(self, cql: str, *values: Any, timeout: float | None = None) -> Any:
+        if timeout is None:
+            return self.session.execute(cql, values or None)
+        return self.session.execute(cql, values or None, timeout=timeout)
 
     def rows_table(self, start: int, count: int) -> None:
         t = f"{self.keyspace}.rows"
@@ -118,6 +125,34 @@ class Workload:
                      "frozen_home = {street: 'moved', number: 3}, home = {street: 'new'} WHERE id = %s", i)
             if i % 3 == 0:
                 self(f"DELETE st, home FROM {t} WHERE id = %s", i)
+
+    def nested(self, start: int, count: int) -> None:
+        """Collections in collections, a user type holding collections; elements of the non-frozen outer ones
+        updated, one operation on a column per statement."""
+        t = f"{self.keyspace}.collections"
+        for i in range(start, start + count):
+            self(f"UPDATE {t} SET nested_map = {{'a': [1, 2], 'b': [3]}}, "
+                 "nested_list = [{'x', 'y'}, {'z'}], "
+                 "nested_set = {{1: 'one'}, {1: 'one', 2: 'two'}, {0: 'zero'}}, "
+                 "label = {name: 'first', tags: {'p', 'q'}, scores: {3: 'three', 1: 'one'}} WHERE id = %s", i)
+            for change in ("nested_map['c'] = [4, 5]", "nested_map['a'] = [6]",
+                           "nested_list = nested_list + [{'w'}]", "nested_list[0] = {'v'}",
+                           "nested_set = nested_set + {{5: 'five'}}",
+                           "nested_set = nested_set - {{0: 'zero'}}",
+                           "label.tags = {'r'}, label.scores = {2: 'two'}"):
+                self(f"UPDATE {t} SET {change} WHERE id = %s", i)
+            self(f"DELETE nested_map['b'] FROM {t} WHERE id = %s", i)
+            if i % 2:
+                self(f"DELETE nested_list FROM {t} WHERE id = %s", i)
+                self(f"UPDATE {t} SET label.name = null WHERE id = %s", i)
+
+    def truncate_collections(self, reinserted: int) -> None:
+        """TRUNCATE ``collections`` (a few seconds: each node flushes and snapshots the table), then write
+        again, ``reinserted`` a key it had before."""
+        self(f"TRUNCATE {self.keyspace}.collections", timeout=120)
+        self.collections(reinserted, 1)
+        self.nested(reinserted, 1)
+        self(f"UPDATE {self.keyspace}.collections SET m['after'] = 1 WHERE id = %s", reinserted + 1)
 
     def counters(self, start: int, count: int) -> None:
         for i in range(start, start + count):
@@ -193,9 +228,17 @@ def event_shape(value: Any) -> Any:
         return {name: event_shape(getattr(value, name)) for name in value._fields}
     if isinstance(value, tuple):
         return {f"field{i + 1}": event_shape(v) for i, v in enumerate(value)}
-    if hasattr(value, "items"):
-        return {k: event_shape(v) for k, v in value.items()}
-    return [event_shape(v) for v in value]
+    if hasattr(value, "items"):  # text keys: an object; others: [key, value] pairs
+        if all(isinstance(k, str) for k in value):
+            return {k: event_shape(v) for k, v in value.items()}
+        return [[event_shape(k), event_shape(v)] for k, v in value.items()]
+    shaped = [event_shape(v) for v in value]
+    if isinstance(value, util.SortedSet):
+        # The driver orders a set's elements as Python compares them (or not at all, for collections), events
+        # in Cassandra's order: the same for the types of the workload (text, numbers, collections of those).
+        with contextlib.suppress(TypeError):
+            shaped.sort()
+    return shaped
 
 
 def _java_bytes(number: int) -> bytes:

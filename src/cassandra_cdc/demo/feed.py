@@ -216,6 +216,8 @@ class EventFeed:
         if self._watched is None or table != self._watched[0]:
             return
         row = payload["after"] if payload["after"] is not None else payload["before"]
+        if row is None:
+            return  # a truncation
         column = self._watched[1]
         if column not in row:
             self.without_column_us.append(payload["source"]["ts_us"])

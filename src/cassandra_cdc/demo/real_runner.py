@@ -32,6 +32,7 @@ NODES = 3
 DEFAULT_RATE = 50.0  # statements per second: three nodes at CONSISTENCY ALL beside Spark on two cores
 CATCH_UP_POLL_SECONDS = 3.0  # each comparison reads every table at CONSISTENCY ALL
 KEYS_PER_ROUND = 1000  # each round of the workload writes keys of its own
+TRUNCATING_ROUND = 2  # the round that begins with a TRUNCATE of ``collections``: rows before it and after it
 
 
 class _WritingOver(Exception):
@@ -45,9 +46,9 @@ class _PacedWorkload(Workload):
         super().__init__(session, keyspace)
         self._pace = pace
 
-    def __call__(self, cql: str, *values: Any) -> Any:
+    def __call__(self, cql: str, *values: Any, timeout: float | None = None) -> Any:
         self._pace(cql)
-        return super().__call__(cql, *values)
+        return super().__call__(cql, *values, timeout=timeout)
 
 
 def _table_of(cql: str) -> str:
@@ -186,7 +187,10 @@ class RealDemo(DemoBase):
         base = number * KEYS_PER_ROUND
         workload.rows_table(base, 2)
         workload.out_of_order(base + 50)
+        if number == TRUNCATING_ROUND:
+            workload.truncate_collections(reinserted=base - KEYS_PER_ROUND)  # a key of the round before
         workload.collections(base, 2)
+        workload.nested(base, 2)
         workload.counters(base, 2)
         workload.types(number % 200, 1)  # its values are built from the key: keep it small
         workload.batches_and_lwt(base + 200)

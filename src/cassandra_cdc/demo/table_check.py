@@ -1,8 +1,9 @@
 """The final check: events replayed into tables, compared with what the tables must contain.
 
 A consumer of the event topics rebuilds a table by keeping, per primary key, the latest ``after`` and
-forgetting the key on a ``d``. That table must equal what ``SELECT *`` returns, which the simulator's
-``TableModel`` computes from the CQL statements alone, independently of commit logs, agents and pipeline.
+forgetting the key on a ``d``; a ``t`` (truncation) empties the table. That table must equal what ``SELECT
+*`` returns, which the simulator's ``TableModel`` computes from the CQL statements alone, independently of
+commit logs, agents and pipeline.
 """
 
 from __future__ import annotations
@@ -22,14 +23,32 @@ class ReplayedTable:
     def __init__(self, key_columns: Sequence[str]) -> None:
         self.key_columns = tuple(key_columns)
         self.rows: dict[Key, Row] = {}
+        self._written_ms: dict[Key, int] = {}  # per row, the time of the write its last event shows
+        self.truncated_at_ms: int | None = None  # the newest truncation's time
 
     def apply(self, payload: Mapping[str, Any]) -> None:
-        """Apply one event's payload (the envelope: ``before``, ``after``, ``op``, ``source``)."""
-        if payload["op"] == "d":
-            self.rows.pop(self.key_of(payload["before"]), None)
+        """Apply one event's payload (the envelope: ``before``, ``after``, ``op``, ``source``).
+
+        A ``t`` has no key, so it is not ordered against the events of other partitions (docs/events.md,
+        "TRUNCATE"): it is applied by write time, as the pipeline applied the truncation. It empties the table
+        of the rows written before it, and events of writes before it, read after it, are left out.
+        """
+        op, written_ms = payload["op"], payload["source"]["ts_ms"]
+        if op == "t":
+            self.truncated_at_ms = max(written_ms, self.truncated_at_ms or written_ms)
+            for key in [key for key, at in self._written_ms.items() if at <= written_ms]:
+                del self.rows[key], self._written_ms[key]
+            return
+        if self.truncated_at_ms is not None and written_ms <= self.truncated_at_ms:
+            return
+        if op == "d":
+            key = self.key_of(payload["before"])
+            self.rows.pop(key, None)
+            self._written_ms.pop(key, None)
         else:
             after = payload["after"]
-            self.rows[self.key_of(after)] = after
+            key = self.key_of(after)
+            self.rows[key], self._written_ms[key] = after, written_ms
 
     def key_of(self, row: Mapping[str, Any]) -> Key:
         return tuple(row[c] for c in self.key_columns)

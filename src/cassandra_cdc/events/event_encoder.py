@@ -35,7 +35,7 @@ SNAPSHOT_VALUES = ("true", "first", "first_in_data_collection", "last_in_data_co
                    "incremental")
 
 Format = Literal["json", "avro"]
-Op = Literal["c", "u", "d", "r"]
+Op = Literal["c", "u", "d", "r", "t"]  # t: a truncation (before and after null)
 Converter = Callable[[Any], Any]
 
 
@@ -133,6 +133,7 @@ class EventEncoder:
                 name=f"{self._name}.Envelope", version=ENVELOPE_SCHEMA_VERSION)
             # The schema is most of an event's JSON and never changes: encoded once, not per event.
             self._key_document = _ConnectDocument(key_schema)
+            self._no_key_document = _ConnectDocument(key_schema | {"optional": True})
             self._value_document = _ConnectDocument(value_schema)
         else:
             namespace = _avro_namespace(self._name)
@@ -144,10 +145,15 @@ class EventEncoder:
                            {"name": "after", "type": ["null", f"{namespace}.Value"], "default": None},
                            *(avro_field(schema) for schema in (SOURCE_SCHEMA, *ENVELOPE_TAIL_SCHEMAS))],
                 "connect.version": ENVELOPE_SCHEMA_VERSION, "connect.name": f"{self._name}.Envelope"}
+            no_key_schema = ["null", key_schema]
             self._avro_key = fastavro.parse_schema(key_schema)
+            self._avro_no_key = fastavro.parse_schema(no_key_schema)
             self._avro_value = fastavro.parse_schema(value_schema)
-            # What a registry is sent: the schemas as declared (a parsed one holds fastavro's own keys).
-            self._declared = {f"{self.topic}-key": key_schema, f"{self.topic}-value": value_schema}
+            # What a registry is sent (subject, schema), by use: the schemas as declared (a parsed one holds
+            # fastavro's own keys).
+            self._declared = {"key": (f"{self.topic}-key", key_schema),
+                              "no key": (f"{self.topic}-key", no_key_schema),
+                              "value": (f"{self.topic}-value", value_schema)}
             self._registry = schema_registry
             self._schema_ids: dict[str, int] = {}
 
@@ -163,7 +169,14 @@ class EventEncoder:
         payload = self._row(row, self._key_fields)
         if self.format == "json":
             return self._key_document.encode(payload)
-        return self._avro(self._avro_key, payload, f"{self.topic}-key")
+        return self._avro(self._avro_key, payload, "key")
+
+    def no_key(self) -> bytes:
+        """The key of an event about no row (a truncation's): one that converters read as null. A record
+        without a key would be Debezium's, but a compacted topic refuses it."""
+        if self.format == "json":
+            return self._no_key_document.encode(None)
+        return self._avro(self._avro_no_key, None, "no key")
 
     def value(self, before: dict[str, Any] | None, after: dict[str, Any] | None, op: Op, source: Source,
               ts_ms: int) -> bytes:
@@ -175,7 +188,7 @@ class EventEncoder:
                    "ts_ns": ts_ms * 1_000_000, "transaction": None}
         if self.format == "json":
             return self._value_document.encode(payload)
-        return self._avro(self._avro_value, payload, f"{self.topic}-value")
+        return self._avro(self._avro_value, payload, "value")
 
     # --- helpers ----------------------------------------------------------------------------------
 
@@ -210,14 +223,14 @@ class EventEncoder:
                           if column.optional else {"name": column.field, "type": avro_type})
         return {"type": "record", "name": name, "namespace": namespace, "fields": fields}
 
-    def _avro(self, schema: Any, record: dict[str, Any], subject: str) -> bytes:
+    def _avro(self, schema: Any, record: dict[str, Any] | None, use: str) -> bytes:
         out = io.BytesIO()
         if self._registry is None:
             fastavro.writer(out, schema, [record])  # an object container: the schema travels along
             return out.getvalue()
-        schema_id = self._schema_ids.get(subject)
+        schema_id = self._schema_ids.get(use)
         if schema_id is None:  # registered once per encoder, not looked up per event
-            schema_id = self._schema_ids[subject] = self._registry.register(subject, self._declared[subject])
+            schema_id = self._schema_ids[use] = self._registry.register(*self._declared[use])
         out.write(struct.pack(">bI", 0, schema_id))  # Confluent wire format: magic 0, schema id
         fastavro.schemaless_writer(out, schema, record)
         return out.getvalue()

@@ -7,8 +7,8 @@ goes to the same Kafka partition. Kafka value::
 
     offset  size  field
     0       1     format version (1)
-    1       1     flags: 0x01 snapshot (written by bootstrap, not by a commit log)
-    2       1     commit log version the update is serialized for (6, 7 or 8)
+    1       1     flags: 0x01 snapshot (written by bootstrap, not by a commit log); 0x02 truncation
+    2       1     commit log version the update is serialized for (6, 7 or 8; 0 for a truncation)
     3       1     length N of the node id
     4       16    MD5 of the partition update bytes: the replicas' copies of one write are the same
                   bytes, so consumers can drop copies by digest without decoding them
@@ -17,6 +17,11 @@ goes to the same Kafka partition. Kafka value::
     36      8     write time: the update's smallest timestamp, in microseconds (int64)
     44      N     node id (UTF-8)
     44+N    ...   the partition update exactly as in the commit log: table id, then the partition
+
+A truncation record (flag 0x02, ``TruncationRecord``) says that its node truncated a table: its Kafka key is
+the 16-byte table id alone (no partition key), the segment id and position are the commit log position the
+truncation covers, the write time is the truncation time (the node's clock, in milliseconds, times 1000) and
+the body after the node id is the table id. The agent sends it to every partition of the raw topic.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ from ..schema import Schema
 
 FORMAT_VERSION = 1
 FLAG_SNAPSHOT = 0x01
+FLAG_TRUNCATION = 0x02
+FLAGS_OFFSET = 1
 DIGEST_OFFSET = 4
 DIGEST_SIZE = 16
 _HEADER = struct.Struct(">BBBB16sqqq")
@@ -75,17 +82,66 @@ class RawRecord(NamedTuple):
 
     @staticmethod
     def decode(value: bytes) -> "RawRecord":
-        if len(value) < HEADER_SIZE + 17:
-            raise RawRecordError(f"raw record of {len(value)} bytes is too short")
-        version, flags, cl_version, node_length, digest, segment_id, position, write_time = _HEADER.unpack_from(value)
-        if version != FORMAT_VERSION:
-            raise RawRecordError(f"raw record format version {version} is not supported (expected {FORMAT_VERSION})")
-        node_end = HEADER_SIZE + node_length
-        update = bytes(value[node_end:])
-        if md5(update).digest() != digest:
-            raise RawRecordError("raw record digest does not match its partition update bytes")
-        return RawRecord(value[HEADER_SIZE:node_end].decode("utf-8"), segment_id, position, cl_version, write_time,
-                         update, bool(flags & FLAG_SNAPSHOT))
+        flags, cl_version, node_id, segment_id, position, write_time, update = _decode_value(value)
+        if flags & FLAG_TRUNCATION:
+            raise RawRecordError("a truncation record, not a partition update")
+        return RawRecord(node_id, segment_id, position, cl_version, write_time, update,
+                         bool(flags & FLAG_SNAPSHOT))
+
+
+class TruncationRecord(NamedTuple):
+    """A node's truncation of a table (``TRUNCATE``): everything of the table its node held up to
+    ``truncated_at_ms`` is gone, and its commit log holds no mutation saying so."""
+
+    node_id: str
+    table_id: bytes  # 16 bytes
+    segment_id: int  # the commit log position the truncation covers
+    position: int
+    truncated_at_ms: int  # the node's clock
+
+    def key(self) -> bytes:
+        """The Kafka key: the table id without a partition key, which no update's key is."""
+        return self.table_id
+
+    def encode(self) -> bytes:
+        node_id = self.node_id.encode("utf-8")
+        if len(node_id) > 255:
+            raise RawRecordError(f"node id {node_id!r} is longer than 255 bytes")
+        header = _HEADER.pack(FORMAT_VERSION, FLAG_TRUNCATION, 0, len(node_id), md5(self.table_id).digest(),
+                              self.segment_id, self.position, self.truncated_at_ms * 1000)
+        return header + node_id + self.table_id
+
+    @staticmethod
+    def decode(value: bytes) -> "TruncationRecord":
+        flags, _, node_id, segment_id, position, write_time, body = _decode_value(value)
+        if not flags & FLAG_TRUNCATION:
+            raise RawRecordError("a partition update, not a truncation record")
+        if len(body) != 16:
+            raise RawRecordError(f"a truncation record's body is {len(body)} bytes, not a 16-byte table id")
+        return TruncationRecord(node_id, body, segment_id, position, write_time // 1000)
+
+
+def is_truncation(value: bytes) -> bool:
+    """Whether a raw record's value is a truncation record (by its flags alone: the per-record test)."""
+    return len(value) > FLAGS_OFFSET and bool(value[FLAGS_OFFSET] & FLAG_TRUNCATION)
+
+
+def _decode_value(value: bytes) -> tuple[int, int, str, int, int, int, bytes]:
+    """A raw record's flags, commit log version, node id, segment id, position, write time and body, its
+    version and digest checked."""
+    if len(value) < HEADER_SIZE + 17:
+        raise RawRecordError(f"raw record of {len(value)} bytes is too short")
+    version, flags, cl_version, node_length, digest, segment_id, position, write_time = _HEADER.unpack_from(
+        value)
+    if version != FORMAT_VERSION:
+        raise RawRecordError(f"raw record format version {version} is not supported "
+                             f"(expected {FORMAT_VERSION})")
+    node_end = HEADER_SIZE + node_length
+    body = bytes(value[node_end:])
+    if md5(body).digest() != digest:
+        raise RawRecordError("raw record digest does not match its partition update bytes")
+    node_id = value[HEADER_SIZE:node_end].decode("utf-8")
+    return flags, cl_version, node_id, segment_id, position, write_time, body
 
 
 def stored_digest(value: bytes) -> bytes:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, NamedTuple
 
-from ..storage.cells import EXPIRED_LIVENESS_TTL, Cell, ComplexColumn
+from ..storage.cells import EXPIRED_LIVENESS_TTL, Cell, ComplexColumn, DeletionTime
 from ..storage.partition_update import PartitionUpdate
 from ..storage.rows import Row
 from ..schema.model import TableMetadata
@@ -70,6 +70,22 @@ def apply(state: PartitionState, update: PartitionUpdate, table: TableMetadata, 
     state.remember(digest)
     return changes
 
+
+
+def delete_partition(state: PartitionState, table: TableMetadata, deletion: Deletion,
+                     now_seconds: int) -> None:
+    """Merge a deletion of the whole partition ``state`` holds (its key set), as a partition update deleting
+    it would be merged, without the row changes: a truncation (the pipeline says it once, for the table)."""
+    assert state.key is not None
+    update = PartitionUpdate(table, state.key, partition_deletion=DeletionTime(*deletion))
+    apply(state, update, table, now_seconds)
+
+
+def only_deleted_by(state: PartitionState, deletion: Deletion) -> bool:
+    """Whether ``state`` holds nothing but a partition deletion no newer than ``deletion``: dropping it loses
+    nothing while ``deletion`` is applied to the partition again when it comes back."""
+    return (not state.rows and state.static is None and not state.ranges
+            and (state.deletion is None or state.deletion <= deletion))
 
 
 def expire(state: PartitionState, table: TableMetadata, now_seconds: int) -> list[RowChange]:
@@ -471,4 +487,5 @@ def _next_event(state: PartitionState, view: TableView, now: int) -> int | None:
     return min(future) if future else None
 
 
-__all__ = ["PartitionState", "RowChange", "apply", "expire", "next_expiry", "visible_rows"]
+__all__ = ["PartitionState", "RowChange", "apply", "delete_partition", "expire", "next_expiry",
+           "only_deleted_by", "visible_rows"]

@@ -26,6 +26,13 @@ What a record costs in Python is kept to what only Python can do (decode, merge,
   (see ``merge.py``): a batch unpickles and pickles again only the partitions it touches, and sets
   the group's timer from the stored expiries.
 
+Truncation: a ``TRUNCATE`` reaches the raw topic as one truncation record per node and raw partition
+(``TruncationRecord``). Each group applies it as a deletion of every partition of the table it holds and
+keeps it (the table's newest), so that partitions of the table it meets later start deleted: a late copy
+of a write made before the truncation stays deleted, a write made after it lives (by write time, as
+Cassandra reconciles). Only the group of raw partition 0 writes the ``t`` event, once per truncation: the
+nodes' copies, each with its node's time, are one truncation.
+
 TTL expiry: each group registers a processing-time timer at its earliest expiry; when it fires, the
 expired cells and rows are removed and the resulting update or delete events emitted. The timer
 values come from the batch's timestamp in Spark's offset log, so a replayed batch decides alike.
@@ -53,11 +60,14 @@ from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 from ..storage.decode_errors import MutationDecodeError
 from ..storage.binary_io import EndOfData
 from ..schema import TableMetadata
-from ..kafka.raw_records import RawRecord, RawRecordError, decode_update, stored_digest
+from ..kafka.raw_records import (RawRecord, RawRecordError, TruncationRecord, decode_update, is_truncation,
+                                 stored_digest)
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..events.field_mapping import TypeModes
-from ..merge.reconcile import PartitionState, RowChange, apply, expire, next_expiry
+from ..merge.partition_state import Deletion
+from ..merge.reconcile import (PartitionState, RowChange, apply, delete_partition, expire, next_expiry,
+                               only_deleted_by)
 from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
 from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
 from .pipeline_metrics import PipelineTally
@@ -66,6 +76,12 @@ log = logging.getLogger(__name__)
 
 OUTPUT_SCHEMA = StructType([StructField("events", LongType())])  # never output: the events go to Kafka from here
 _STATE_SCHEMA = StructType([StructField("partitions", BinaryType())])
+# The nodes' copies of one truncation carry each node's own time: they are one truncation when this close
+# to the one whose event was written. Cassandra's truncate_request_timeout (its default): every node
+# truncates within it, or the TRUNCATE fails.
+TRUNCATION_COPIES_WINDOW_MS = 60_000
+# The raw topic partition whose group writes the truncation events (every group gets the records).
+TRUNCATION_EVENTS_PARTITION = 0
 
 
 @dataclass(frozen=True)
@@ -105,6 +121,7 @@ class ChangeProcessor(StatefulProcessor):
         self._registry = registry
         self._encoders: dict[tuple[Any, str], EventEncoder] = {}
         self._sink: TaskSink | None = None  # opened by the task's first event
+        self._raw_partition: int | None = None  # the raw topic partition of the records being merged
         self._tally = PipelineTally()  # what the task wrote, added to settings.tally once committed
 
     # --- Spark callbacks --------------------------------------------------------------------------
@@ -163,11 +180,14 @@ class ChangeProcessor(StatefulProcessor):
         batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         ranges = self.settings.ranges
         if ranges is None:
-            batch = batch.sort_values(["partition", "offset"], kind="stable")
-            yield from zip(batch["key"].tolist(), batch["value"].tolist())
+            for partition, records in batch.groupby("partition", sort=True):
+                records = records.sort_values("offset", kind="stable")
+                self._raw_partition = int(partition)
+                yield from zip(records["key"].tolist(), records["value"].tolist())
             return
         for partition, start, end in sorted(zip(batch["partition"].tolist(), batch["startOffset"].tolist(),
                                                 batch["endOffset"].tolist())):
+            self._raw_partition = partition
             for messages in read_range(ranges, OffsetRange(partition, start, end)):
                 for message in messages:
                     yield message.key(), message.value()
@@ -201,6 +221,9 @@ class ChangeProcessor(StatefulProcessor):
     # --- merging ----------------------------------------------------------------------------------
 
     def _apply(self, partitions: "PartitionGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
+        if is_truncation(value):
+            self._truncate(partitions, record_key, value, now_ms)
+            return
         try:
             record = RawRecord.decode(value)
         except RawRecordError as error:
@@ -216,14 +239,18 @@ class ChangeProcessor(StatefulProcessor):
         except _Undecodable as error:
             self._error(record_key, value, error.kind, error.reason)
             return
-        merged = state if state is not None else PartitionState()
+        truncation = partitions.truncations.get(record_key[:16])
+        merged = state if state is not None else partitions.new_state(update.key, table, truncation,
+                                                                           now_ms // 1000)
         try:
             changes = apply(merged, update, table, now_ms // 1000)
         except ValueError as error:  # raised before the state changed: the record is set aside, not retried
             self._error(record_key, value, "unmergeable_update",
                         f"cannot merge the partition update of {table.qualified_name}: {error}")
             return
-        if state is None:
+        if truncation is not None and only_deleted_by(merged, truncation):
+            partitions.remove(record_key)  # a write the truncation deleted: the group's truncation holds it
+        elif state is None:
             partitions.add(record_key, merged)
         merged.remember(digest)
         source = Source(name=self.settings.server, cluster=self.settings.cluster, keyspace=table.keyspace,
@@ -231,6 +258,32 @@ class ChangeProcessor(StatefulProcessor):
                         segment=record.segment_id, position=record.position)
         self._emit(table, version, changes, source, record.snapshot, now_ms,
                    None if record.snapshot else record.write_time)
+
+    def _truncate(self, partitions: "PartitionGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
+        """A node's truncation of a table: the group's partitions of the table deleted, without events; the
+        ``t`` event from the group of raw partition 0, for the first of the nodes' copies."""
+        try:
+            record = TruncationRecord.decode(value)
+            if record_key != record.key():
+                raise RawRecordError(f"the Kafka key {record_key.hex()} does not name the truncated table")
+        except RawRecordError as error:
+            self._error(record_key, value, "invalid_raw_record", str(error))
+            return
+        found = self.catalog.table(record.table_id)
+        if found is None:
+            self._error(record_key, value, "unknown_table", self._no_schema(record.table_id))
+            return
+        table, version = found
+        deletion = truncation_deletion(record.truncated_at_ms)
+        partitions.truncate(record.table_id, deletion, table, now_ms // 1000)
+        if self._raw_partition != TRUNCATION_EVENTS_PARTITION or not partitions.new_truncation(record):
+            return
+        encoder = self._encoder(table, version)
+        source = Source(name=self.settings.server, cluster=self.settings.cluster, keyspace=table.keyspace,
+                        table=table.name, ts_us=record.truncated_at_ms * 1000, snapshot=False,
+                        node=record.node_id, segment=record.segment_id, position=record.position)
+        self._output().produce(encoder.topic, encoder.no_key(), encoder.value(None, None, "t", source, now_ms))
+        self._tally.event(table.qualified_name, "t", None)
 
     def _decode(self, record_key: bytes, record: RawRecord) -> tuple[TableMetadata, str, Any]:
         """The record's table, the version of its definition and its decoded partition update; raises
@@ -259,8 +312,11 @@ class ChangeProcessor(StatefulProcessor):
                 reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
         if reason is not None:
             raise _Undecodable("undecodable_update", reason)
-        raise _Undecodable("unknown_table", f"no schema for table id {uuid.UUID(bytes=table_id)} on the "
-                                            f"schema topic {self.settings.schema_topic}")
+        raise _Undecodable("unknown_table", self._no_schema(table_id))
+
+    def _no_schema(self, table_id: bytes) -> str:
+        return (f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topic "
+                f"{self.settings.schema_topic}")
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
               now_ms: int, written_us: int | None = None) -> None:
@@ -269,10 +325,7 @@ class ChangeProcessor(StatefulProcessor):
         if not changes:
             return
         out = self._output()
-        encoder = self._encoders.get((table.id, version))
-        if encoder is None:
-            encoder = self._encoders[(table.id, version)] = EventEncoder(
-                self.settings.server, table, self.settings.format, self._registry, self.settings.type_modes)
+        encoder = self._encoder(table, version)
         skip_static_only = self.settings.static_only_rows == "skip"
         table_name = table.qualified_name
         for change in changes:
@@ -291,6 +344,13 @@ class ChangeProcessor(StatefulProcessor):
             self._tally.event(table_name, op, written_us)
             if op == "d" and self.settings.tombstones:
                 out.produce(encoder.topic, key, None)
+
+    def _encoder(self, table: TableMetadata, version: str) -> EventEncoder:
+        encoder = self._encoders.get((table.id, version))
+        if encoder is None:
+            encoder = self._encoders[(table.id, version)] = EventEncoder(
+                self.settings.server, table, self.settings.format, self._registry, self.settings.type_modes)
+        return encoder
 
     # --- state ------------------------------------------------------------------------------------
 
@@ -365,18 +425,33 @@ def collector_paused() -> Iterator[None]:
 _TIMER_NOT_RECORDED = -1
 
 
+def truncation_deletion(truncated_at_ms: int) -> Deletion:
+    """The partition deletion a truncation amounts to: every write up to the end of the truncation's
+    millisecond (its time has no finer grain; a write after the TRUNCATE returned is later), deleted then."""
+    return truncated_at_ms * 1000 + 999, truncated_at_ms // 1000
+
+
 class PartitionGroup:
     """The merge states of one group's partitions, each pickled on its own, its next expiry beside it,
     and the group's timer.
 
     A micro-batch touches some of a group's partitions: only those are unpickled and pickled again,
     the others stay bytes (copied, never decoded), and the timer is set from the stored expiries.
+
+    Per truncated table (its id), the deletion of its newest truncation, which every partition of the table
+    the group holds or meets later is given; and, for the group that writes the truncation events, the time
+    of the last one written.
     """
 
-    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]], timer: int | None = None) -> None:
+    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]], timer: int | None = None,
+                 truncations: dict[bytes, Deletion] | None = None,
+                 truncation_events: dict[bytes, int] | None = None) -> None:
         self._stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
         self._opened: dict[bytes, PartitionState] = {}
         self.timer = timer  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
+        self.truncations = truncations or {}
+        # table id → the truncation time (ms) of its last event
+        self.truncation_events = truncation_events or {}
 
     @classmethod
     def load(cls, value: bytes | None) -> "PartitionGroup":
@@ -386,8 +461,8 @@ class PartitionGroup:
         stored = pickle.loads(value)
         if isinstance(stored, dict):  # stored before groups recorded their timer
             return cls(stored, _TIMER_NOT_RECORDED)
-        timer, partitions = stored
-        return cls(partitions, timer)
+        timer, partitions, *truncations = stored  # no truncations in a group stored before they were kept
+        return cls(partitions, timer, *truncations)
 
     def get(self, key: bytes) -> PartitionState | None:
         state = self._opened.get(key)
@@ -400,6 +475,38 @@ class PartitionGroup:
 
     def add(self, key: bytes, state: PartitionState) -> None:
         self._opened[key] = state
+
+    @staticmethod
+    def new_state(partition_key: bytes, table: TableMetadata, truncation: Deletion | None,
+                  now_seconds: int) -> PartitionState:
+        """The state of a partition the group does not hold: empty, or deleted by its table's
+        ``truncation``."""
+        if truncation is None:
+            return PartitionState()
+        state = PartitionState(bytes(partition_key))
+        delete_partition(state, table, truncation, now_seconds)
+        return state
+
+    def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata, now_seconds: int) -> None:
+        """Apply a truncation of a table to its partitions (those left with nothing else are dropped), and
+        keep it, the table's newest, for its partitions to come."""
+        newest = max(deletion, self.truncations.get(table_id, deletion))
+        self.truncations[table_id] = newest
+        for key in [key for key in self._stored.keys() | self._opened.keys() if key[:16] == table_id]:
+            state = self.get(key)
+            assert state is not None
+            delete_partition(state, table, newest, now_seconds)
+            if only_deleted_by(state, newest):
+                self.remove(key)
+
+    def new_truncation(self, record: TruncationRecord) -> bool:
+        """Whether a truncation record is of a truncation whose event is not written yet (noting that it is
+        now): not a node's copy of the last one."""
+        last = self.truncation_events.get(record.table_id)
+        if last is not None and record.truncated_at_ms <= last + TRUNCATION_COPIES_WINDOW_MS:
+            return False
+        self.truncation_events[record.table_id] = record.truncated_at_ms
+        return True
 
     def remove(self, key: bytes) -> None:
         self._opened.pop(key, None)
@@ -420,9 +527,10 @@ class PartitionGroup:
     def dump(self) -> bytes | None:
         """The group's state value, sealed first; None when the group has no partitions."""
         self.seal()
-        if not self._stored:
+        if not self._stored and not self.truncations:
             return None
-        return pickle.dumps((self.timer, self._stored), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((self.timer, self._stored, self.truncations, self.truncation_events),
+                            protocol=pickle.HIGHEST_PROTOCOL)
 
     def earliest_expiry(self) -> int | None:
         return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)
