@@ -3,11 +3,14 @@ Java, what reaches Spark's classpath, and how a node that cannot start is report
 
 from __future__ import annotations
 
+import base64
+import uuid
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
-from cassandra_cdc.localcluster import CassandraCluster, JvmError, MissingArtifacts, artifacts
+from cassandra_cdc.localcluster import CassandraCluster, JvmError, KafkaBroker, MissingArtifacts, artifacts
 from conftest import require_jvm_artifacts
 
 
@@ -66,3 +69,13 @@ def test_a_node_that_cannot_start_raises_with_the_tail_of_its_log(tmp_path) -> N
     assert message.startswith("Cassandra node 127.0.0.1 exited with status")
     assert "Invalid data storage: lots" in message and str(cluster.nodes[0].system_log) in message
     assert not cluster.nodes[0].running
+
+
+def test_a_broker_whose_cluster_id_starts_with_a_dash_starts(tmp_path, monkeypatch) -> None:
+    """One random cluster id in 64 starts with "-": its storage is formatted all the same."""
+    require_jvm_artifacts()
+    dashed = uuid.UUID(bytes=base64.urlsafe_b64decode("-" + "A" * 21 + "=="))
+    monkeypatch.setattr(uuid, "uuid4", lambda: dashed)
+    with KafkaBroker(tmp_path / "kafka") as broker:
+        metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=30)
+    assert metadata.cluster_id == "-AAAAAAAAAAAAAAAAAAAAA"

@@ -187,8 +187,9 @@ class KafkaBroker(JvmService):
         if (self.data_dir / "meta.properties").is_file():
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Attached to its option: an id that starts with "-" (one in 64) would read as an option of its own.
         users = self.sasl_ssl.scram_credentials() if self.sasl_ssl else []
-        run_tool([*self._java, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+        run_tool([*self._java, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}",
                   "-c", str(self.properties), *users], f"formatting Kafka storage {self.data_dir}")
 
     def start(self) -> float:
