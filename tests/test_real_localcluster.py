@@ -33,6 +33,14 @@ def test_missing_classpath_says_to_run_make_install(tmp_path, monkeypatch) -> No
     assert "make install" in (artifacts.missing_reason() or "")
 
 
+def test_missing_postgresql_or_debezium_says_to_run_make_install(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CASSANDRA_CDC_JVM_LIB", str(tmp_path))
+    with pytest.raises(MissingArtifacts, match=f"{tmp_path}/postgres/server: no bin/postgres; run `make install`"):
+        artifacts.postgres_home()
+    with pytest.raises(MissingArtifacts, match="debezium-jdbc: no debezium-connector-jdbc-.*run `make install`"):
+        artifacts.connect_plugin_path()
+
+
 def test_missing_java_is_named(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     artifacts.java_executable.cache_clear()
