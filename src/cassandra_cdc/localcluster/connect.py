@@ -44,8 +44,9 @@ class ConnectWorker(JvmService, JvmCluster):
     """One standalone worker under ``work_dir`` running ``connectors`` (name -> settings, ``name`` added);
     ``worker_settings`` add to or replace the worker's own."""
 
-    def __init__(self, work_dir: str | Path, bootstrap_servers: str, connectors: Mapping[str, Mapping[str, Any]],
-                 *, worker_settings: Mapping[str, Any] | None = None, heap: str = "384m",
+    def __init__(self, work_dir: str | Path, bootstrap_servers: str,
+                 connectors: Mapping[str, Mapping[str, Any]], *,
+                 worker_settings: Mapping[str, Any] | None = None, heap: str = "384m",
                  progress: Callable[[str], None] | None = None, startup_timeout: float = 180.0) -> None:
         self.work_dir = Path(work_dir).resolve()
         self.port = free_port(HOST)
@@ -58,14 +59,16 @@ class ConnectWorker(JvmService, JvmCluster):
         (self.work_dir / "data").mkdir(exist_ok=True)
         self.log = logs / "connect.log"
         worker = conf / "worker.properties"
-        worker.write_text(properties_text({**self._worker_settings(bootstrap_servers), **(worker_settings or {})}))
+        worker.write_text(properties_text({**self._worker_settings(bootstrap_servers),
+                                           **(worker_settings or {})}))
         connector_files = []
         for name, settings in self.connectors.items():
             connector_files.append(conf / f"{name}.properties")
             connector_files[-1].write_text(properties_text(settings))
         (conf / "log4j2.xml").write_text(_LOG4J2.format(log=self.log))
         command = [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *_JVM,
-                   f"-Dlog4j2.configurationFile={conf / 'log4j2.xml'}", "-cp", artifacts.classpath(artifacts.CONNECT),
+                   f"-Dlog4j2.configurationFile={conf / 'log4j2.xml'}",
+                   "-cp", artifacts.classpath(artifacts.CONNECT),
                    MAIN_CLASS, str(worker), *map(str, connector_files)]
         self._process = JvmProcess(f"Kafka Connect worker {HOST}:{self.port}", command, logs, self.log)
 
@@ -111,13 +114,15 @@ class ConnectWorker(JvmService, JvmCluster):
         return self._get(f"/connectors/{connector}/status")
 
     def failures(self) -> dict[str, str]:
-        """Each failed connector or task (``<connector>`` or ``<connector>/<task id>``) with its error's trace."""
+        """Each failed connector or task (``<connector>`` or ``<connector>/<task id>``) with its error's
+        trace."""
         failed = {}
         for name in self.connectors:
             status = self.status(name) or {}
             parts = [(name, status.get("connector", {}))]
             parts += [(f"{name}/{task['id']}", task) for task in status.get("tasks", [])]
-            failed.update({where: part.get("trace", "") for where, part in parts if part.get("state") == "FAILED"})
+            failed.update({where: part.get("trace", "") for where, part in parts
+                           if part.get("state") == "FAILED"})
         return failed
 
     def wait_for_tasks(self, connector: str, timeout: float = 120.0) -> None:
@@ -125,7 +130,8 @@ class ConnectWorker(JvmService, JvmCluster):
         deadline = time.monotonic() + timeout
         while True:
             status = self.status(connector) or {}
-            states = [status.get("connector", {}).get("state")] + [t["state"] for t in status.get("tasks", [])]
+            states = [status.get("connector", {}).get("state"),
+                      *(task["state"] for task in status.get("tasks", []))]
             if len(states) > 1 and set(states) == {"RUNNING"}:
                 return
             if "FAILED" in states:

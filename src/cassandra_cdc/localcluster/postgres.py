@@ -82,8 +82,8 @@ class PostgresServer(JvmService, JvmCluster):
         started = time.monotonic()
         self._directory = self._new_directory()
         data = self._directory / "data"
-        run_tool([str(self.home / "bin" / "initdb"), "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8",
-                  "--locale=C", "--no-sync"], f"initdb of {data}", user=self.user)
+        run_tool([str(self.home / "bin" / "initdb"), "-D", str(data), "-U", USER, "--auth=trust",
+                  "-E", "UTF8", "--locale=C", "--no-sync"], f"initdb of {data}", user=self.user)
         settings = [argument for name, value in _SETTINGS.items() for argument in ("-c", f"{name}={value}")]
         self._process.command = [str(self.home / "bin" / "postgres"), "-D", str(data), "-p", str(self.port),
                                  "-k", str(self._directory), *settings]

@@ -32,7 +32,8 @@ def _die_with_parent() -> None:
 
 
 def as_user(user: str | None) -> dict[str, object]:
-    """``subprocess.Popen``'s arguments that run a program as ``user`` and its group (None: as this process)."""
+    """``subprocess.Popen``'s arguments that run a program as ``user`` and its group (None: as this
+    process)."""
     if user is None:
         return {}
     entry = pwd.getpwnam(user)
