@@ -1,5 +1,6 @@
 """The pieces of :mod:`cassandra_cdc.localcluster` around the real JVMs: finding the fetched classpaths and
-Java, what reaches Spark's classpath, and how a node that cannot start is reported."""
+Java, what reaches Spark's classpath, and how a node, a PostgreSQL server or a Kafka Connect worker that
+cannot start is reported."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cassandra_cdc.localcluster import CassandraCluster, JvmError, MissingArtifacts, artifacts
+from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, MissingArtifacts,
+                                        PostgresServer, artifacts)
 from conftest import require_jvm_artifacts
 
 
@@ -74,3 +76,26 @@ def test_a_node_that_cannot_start_raises_with_the_tail_of_its_log(tmp_path) -> N
     assert message.startswith("Cassandra node 127.0.0.1 exited with status")
     assert "Invalid data storage: lots" in message and str(cluster.nodes[0].system_log) in message
     assert not cluster.nodes[0].running
+
+
+def test_a_postgresql_server_that_cannot_start_raises_with_its_log(tmp_path) -> None:
+    require_jvm_artifacts(artifacts.postgres_home)
+    with PostgresServer(tmp_path / "first") as first:
+        with pytest.raises(JvmError) as failure, PostgresServer(tmp_path / "second", port=first.port):
+            pass
+    message = str(failure.value)
+    assert message.startswith(f"PostgreSQL 127.0.0.1:{first.port} exited before accepting connections")
+    assert "Address already in use" in message and message.count("--- ") == 1
+
+
+def test_a_connect_worker_stopping_on_a_connector_error_raises_with_that_error(real_kafka, tmp_path) -> None:
+    require_jvm_artifacts(artifacts.connect_plugin_path)
+    worker = ConnectWorker(tmp_path, real_kafka.bootstrap_servers,
+                           {"odd": {"connector.class": "no.such.Connector", "topics": "odd"}})
+    with pytest.raises(JvmError) as failure, worker:
+        pass
+    message = str(failure.value)
+    assert message.startswith(f"Kafka Connect worker 127.0.0.1:{worker.port} exited while starting")
+    assert "Failed to find any class that implements Connector and which name matches no.such.Connector" \
+        in message
+    assert not worker.running

@@ -95,9 +95,9 @@ class ConnectWorker(JvmService, JvmCluster):
         deadline = started + self.startup_timeout
         while set(self._get("/connectors") or []) != set(self.connectors):
             if not self.running:
-                raise self._process.failure("exited while starting")
+                raise self.failure("exited while starting")
             if time.monotonic() > deadline:
-                raise self._process.failure(f"has not started its connectors {sorted(self.connectors)} after "
+                raise self.failure(f"has not started its connectors {sorted(self.connectors)} after "
                                             f"{self.startup_timeout:.0f} s")
             time.sleep(0.5)
         self._progress(f"Kafka Connect worker {HOST}:{self.port} up in {time.monotonic() - started:.1f} s")
@@ -144,10 +144,15 @@ class ConnectWorker(JvmService, JvmCluster):
             time.sleep(0.5)
 
     def failure(self, what: str) -> JvmError:
-        """An error saying ``what``, each failed task's trace (its first lines) and the log's tail."""
+        """An error saying ``what``, with the log's tail, its first error and each failed task's trace (their
+        first lines): a worker that stops on an error logs it before many lines of its shutdown."""
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.is_file() else []
+        first = next((index for index, line in enumerate(lines) if "] ERROR " in line), None)
+        logged = "" if first is None else "\n--- its first error ---\n" + "\n".join(
+            line[:1000] for line in lines[first:first + 3])
         traces = "".join(f"\n--- {where} ---\n" + "\n".join(trace.splitlines()[:12])
                          for where, trace in self.failures().items())
-        return JvmError(f"{self._process.failure(what)}{traces}")
+        return JvmError(f"{self._process.failure(what)}{logged}{traces}")
 
     def stop(self) -> None:
         """SIGTERM: the worker stops its connectors and commits their offsets; SIGKILL after a minute."""

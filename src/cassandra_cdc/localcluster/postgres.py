@@ -88,11 +88,12 @@ class PostgresServer(JvmService, JvmCluster):
         self._process.command = [str(self.home / "bin" / "postgres"), "-D", str(data), "-p", str(self.port),
                                  "-k", str(self._directory), *settings]
         self._process.start()
-        self._process.wait_for_port(HOST, self.port, self.startup_timeout)
         deadline = started + self.startup_timeout
         while _READY not in self._process.stdout_log.read_text(errors="replace"):
-            if not self.running or time.monotonic() > deadline:
-                raise self._process.failure("listens but never got ready")
+            if not self.running:
+                raise self._process.failure("exited before accepting connections")
+            if time.monotonic() > deadline:
+                raise self._process.failure(f"not accepting connections after {self.startup_timeout:.0f} s")
             time.sleep(0.1)
         self._progress(f"PostgreSQL {HOST}:{self.port} up in {time.monotonic() - started:.1f} s")
         return self

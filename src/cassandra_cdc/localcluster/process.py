@@ -108,8 +108,8 @@ class JvmProcess:
             time.sleep(0.2)
 
     def failure(self, what: str) -> JvmError:
-        return JvmError(f"{self.name} {what}\n--- {self.main_log} ---\n{tail(self.main_log)}\n"
-                        f"--- {self.stdout_log} ---\n{tail(self.stdout_log)}")
+        logs = dict.fromkeys([self.main_log, self.stdout_log])  # once, when the program logs to its output
+        return JvmError(f"{self.name} {what}" + "".join(f"\n--- {log} ---\n{tail(log)}" for log in logs))
 
     def terminate(self) -> None:
         """SIGTERM: the program's own clean shutdown begins."""
