@@ -4,6 +4,7 @@ cannot start is reported."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,12 @@ def test_a_node_that_cannot_start_raises_with_the_tail_of_its_log(tmp_path) -> N
 def test_a_postgresql_server_that_cannot_start_raises_with_its_log(tmp_path) -> None:
     require_jvm_artifacts(artifacts.postgres_home)
     with PostgresServer(tmp_path / "first") as first:
-        with pytest.raises(JvmError) as failure, PostgresServer(tmp_path / "second", port=first.port):
-            pass
+        data_directories = set(Path(tempfile.gettempdir()).glob("cassandra-cdc-postgres-*"))
+        second = PostgresServer(tmp_path / "second", port=first.port)
+        with pytest.raises(JvmError) as failure:
+            second.start()
+        assert not second.running
+        assert set(Path(tempfile.gettempdir()).glob("cassandra-cdc-postgres-*")) == data_directories
     message = str(failure.value)
     assert message.startswith(f"PostgreSQL 127.0.0.1:{first.port} exited before accepting connections")
     assert "Address already in use" in message and message.count("--- ") == 1

@@ -78,25 +78,32 @@ class PostgresServer(JvmService, JvmCluster):
         return directory
 
     def start(self) -> "PostgresServer":
-        """initdb, then the server; returns once it accepts connections."""
+        """initdb, then the server; returns once it accepts connections. A start that fails leaves neither
+        a server nor its data directory behind."""
         started = time.monotonic()
         self._directory = self._new_directory()
-        data = self._directory / "data"
+        try:
+            self._start_in(self._directory, started + self.startup_timeout)
+        except BaseException:
+            self.kill()
+            raise
+        self._progress(f"PostgreSQL {HOST}:{self.port} up in {time.monotonic() - started:.1f} s")
+        return self
+
+    def _start_in(self, directory: Path, deadline: float) -> None:
+        data = directory / "data"
         run_tool([str(self.home / "bin" / "initdb"), "-D", str(data), "-U", USER, "--auth=trust",
                   "-E", "UTF8", "--locale=C", "--no-sync"], f"initdb of {data}", user=self.user)
         settings = [argument for name, value in _SETTINGS.items() for argument in ("-c", f"{name}={value}")]
         self._process.command = [str(self.home / "bin" / "postgres"), "-D", str(data), "-p", str(self.port),
-                                 "-k", str(self._directory), *settings]
+                                 "-k", str(directory), *settings]
         self._process.start()
-        deadline = started + self.startup_timeout
         while _READY not in self._process.stdout_log.read_text(errors="replace"):
             if not self.running:
                 raise self._process.failure("exited before accepting connections")
             if time.monotonic() > deadline:
                 raise self._process.failure(f"not accepting connections after {self.startup_timeout:.0f} s")
             time.sleep(0.1)
-        self._progress(f"PostgreSQL {HOST}:{self.port} up in {time.monotonic() - started:.1f} s")
-        return self
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT: open sessions are ended), then the data directory removed."""
