@@ -14,13 +14,23 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
-# Real Apache Cassandra, Apache Kafka and Spark's Kafka connector for the real-cluster tests: each pinned
-# runtime classpath (jvm/*/pom.xml) copied by Maven into its own directory under .jvm/lib/; and a schema
-# registry (Apicurio, jvm/registry), which Maven builds into .jvm/lib/registry/. Fetched once: the stamp is
-# newer than the poms, so a re-run fetches nothing.
+# Real Apache Cassandra, Apache Kafka, Spark's Kafka connector, Kafka Connect with Debezium's JDBC sink and a
+# PostgreSQL server for the real-system tests: each pinned runtime classpath (jvm/*/pom.xml) copied by Maven
+# into its own directory under .jvm/lib/; and a schema registry (Apicurio, jvm/registry), which Maven builds
+# into .jvm/lib/registry/. Fetched once: the stamp is newer than the poms, so a re-run fetches nothing.
 JVM_LIB := .jvm/lib
 JVM_POMS := $(wildcard jvm/pom.xml jvm/*/pom.xml)
 JVM_SOURCES := $(shell find jvm/registry/src -type f)
+
+# The PostgreSQL server of jvm/postgres is a .txz inside its jar: unpacked once, into
+# .jvm/lib/postgres/server.
+define UNPACK_POSTGRES
+import io, sys, tarfile, zipfile
+jar = zipfile.ZipFile(sys.argv[1])
+archive = next(name for name in jar.namelist() if name.endswith(".txz"))
+tarfile.open(fileobj=io.BytesIO(jar.read(archive))).extractall(sys.argv[2], filter="tar")
+endef
+export UNPACK_POSTGRES
 
 .jvm/.installed: $(JVM_POMS) $(JVM_SOURCES)
 	@command -v mvn >/dev/null || { echo "make install: fetching the JVM artifacts of jvm/*/pom.xml" \
@@ -28,6 +38,8 @@ JVM_SOURCES := $(shell find jvm/registry/src -type f)
 	rm -rf $(JVM_LIB)
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml -pl registry package
+	$(PYTHON) -c "$$UNPACK_POSTGRES" $(JVM_LIB)/postgres/embedded-postgres-binaries-*.jar \
+	    $(JVM_LIB)/postgres/server
 	touch $@
 
 install: $(VENV)/.installed .jvm/.installed

@@ -116,13 +116,13 @@ def start_agents(cluster: Any, broker: Any, server: str, root: Path) -> list[tup
     return agents
 
 
-def require_jvm_artifacts(*, registry: bool = False) -> None:
-    """Skip when `make install` has not fetched the real Cassandra and Kafka (and built the schema registry,
-    with ``registry``); fail instead when CASSANDRA_CDC_REQUIRE_JVM is set (as `make test` sets it), so CI
-    never skips them silently."""
+def require_jvm_artifacts(*also_needed: Any) -> None:
+    """Skip when `make install` has not fetched the real Cassandra and Kafka (nor what each of
+    ``also_needed``, a check of ``localcluster.artifacts``, checks); fail instead when
+    CASSANDRA_CDC_REQUIRE_JVM is set (as `make test` sets it), so CI never skips them silently."""
     from cassandra_cdc.localcluster import missing_reason
 
-    reason = missing_reason(registry=registry)
+    reason = missing_reason(*also_needed)
     if reason is None:
         return
     if os.environ.get("CASSANDRA_CDC_REQUIRE_JVM"):

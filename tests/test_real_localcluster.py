@@ -1,16 +1,19 @@
 """The pieces of :mod:`cassandra_cdc.localcluster` around the real JVMs: finding the fetched classpaths and
-Java, what reaches Spark's classpath, and how a node that cannot start is reported."""
+Java, what reaches Spark's classpath, and how a node, a PostgreSQL server or a Kafka Connect worker that
+cannot start is reported."""
 
 from __future__ import annotations
 
 import base64
+import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from cassandra_cdc.localcluster import CassandraCluster, JvmError, KafkaBroker, MissingArtifacts, artifacts
+from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, KafkaBroker, MissingArtifacts,
+                                        PostgresServer, artifacts)
 from conftest import require_jvm_artifacts
 
 
@@ -34,6 +37,14 @@ def test_missing_classpath_says_to_run_make_install(tmp_path, monkeypatch) -> No
     with pytest.raises(MissingArtifacts, match=f"{tmp_path}/kafka: no kafka_2.13-.*run `make install`"):
         artifacts.jars(artifacts.KAFKA)
     assert "make install" in (artifacts.missing_reason() or "")
+
+
+def test_missing_postgresql_or_debezium_says_to_run_make_install(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CASSANDRA_CDC_JVM_LIB", str(tmp_path))
+    with pytest.raises(MissingArtifacts, match=f"{tmp_path}/postgres/server: no bin/postgres; run `make"):
+        artifacts.postgres_home()
+    with pytest.raises(MissingArtifacts, match="debezium-jdbc: no debezium-connector-jdbc-.*`make install"):
+        artifacts.connect_plugin_path()
 
 
 def test_missing_java_is_named(tmp_path, monkeypatch) -> None:
@@ -79,3 +90,30 @@ def test_a_broker_whose_cluster_id_starts_with_a_dash_starts(tmp_path, monkeypat
     with KafkaBroker(tmp_path / "kafka") as broker:
         metadata = AdminClient({"bootstrap.servers": broker.bootstrap_servers}).list_topics(timeout=30)
     assert metadata.cluster_id == "-AAAAAAAAAAAAAAAAAAAAA"
+
+
+def test_a_postgresql_server_that_cannot_start_raises_with_its_log(tmp_path) -> None:
+    require_jvm_artifacts(artifacts.postgres_home)
+    with PostgresServer(tmp_path / "first") as first:
+        data_directories = set(Path(tempfile.gettempdir()).glob("cassandra-cdc-postgres-*"))
+        second = PostgresServer(tmp_path / "second", port=first.port)
+        with pytest.raises(JvmError) as failure:
+            second.start()
+        assert not second.running
+        assert set(Path(tempfile.gettempdir()).glob("cassandra-cdc-postgres-*")) == data_directories
+    message = str(failure.value)
+    assert message.startswith(f"PostgreSQL 127.0.0.1:{first.port} exited before accepting connections")
+    assert "Address already in use" in message and message.count("--- ") == 1
+
+
+def test_a_connect_worker_stopping_on_a_connector_error_raises_with_that_error(real_kafka, tmp_path) -> None:
+    require_jvm_artifacts(artifacts.connect_plugin_path)
+    worker = ConnectWorker(tmp_path, real_kafka.bootstrap_servers,
+                           {"odd": {"connector.class": "no.such.Connector", "topics": "odd"}})
+    with pytest.raises(JvmError) as failure, worker:
+        pass
+    message = str(failure.value)
+    assert message.startswith(f"Kafka Connect worker 127.0.0.1:{worker.port} exited while starting")
+    assert "Failed to find any class that implements Connector and which name matches no.such.Connector" \
+        in message
+    assert not worker.running

@@ -11,6 +11,7 @@ from typing import Any, Iterator, NamedTuple
 import pytest
 
 from cassandra_cdc.events.event_encoder import EventEncoder, SchemaRegistry
+from cassandra_cdc.localcluster.artifacts import registry_application
 from cassandra_cdc.localcluster.certificates import CertificateAuthority
 from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings
 from conftest import require_jvm_artifacts
@@ -26,7 +27,7 @@ class Registry(NamedTuple):
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
-    require_jvm_artifacts(registry=True)
+    require_jvm_artifacts(registry_application)
     from cassandra_cdc.localcluster import SchemaRegistryServer
 
     directory = tmp_path_factory.mktemp("registry")

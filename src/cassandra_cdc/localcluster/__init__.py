@@ -4,16 +4,20 @@ for tests and demos.
 They run from the JVM artifacts ``make install`` fetches (see :mod:`.artifacts`); nothing is downloaded
 at run time. :class:`CassandraCluster` starts N CDC-enabled Cassandra 5.0 nodes, :class:`KafkaBroker`
 one KRaft-mode Kafka broker, :class:`SparkStandaloneCluster` a Spark master and workers (from pyspark),
-:class:`SchemaRegistryServer` a schema registry with the Confluent API.
+:class:`SchemaRegistryServer` a schema registry with the Confluent API, :class:`ConnectWorker` a Kafka
+Connect standalone worker with Debezium's JDBC sink, :class:`PostgresServer` a PostgreSQL server for it to
+write into.
 """
 
 from .artifacts import MissingArtifacts, missing_reason
 from .cassandra import CassandraCluster, CassandraNode, sstable_format
+from .connect import ConnectWorker
 from .kafka import KafkaBroker
+from .postgres import PostgresServer
 from .process import JvmError
 from .registry import SchemaRegistryServer
 from .spark import SparkStandaloneCluster, SparkWorker
 
-__all__ = ["CassandraCluster", "CassandraNode", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason",
+__all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "JvmError", "KafkaBroker", "MissingArtifacts",
+           "PostgresServer", "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason",
            "sstable_format"]

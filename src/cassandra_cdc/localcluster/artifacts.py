@@ -6,6 +6,9 @@
     .jvm/lib/kafka/         Apache Kafka 4.x broker (kafka.Kafka, kafka.tools.StorageTool)
     .jvm/lib/spark-kafka/   Spark's Kafka source and sink, with their dependencies
     .jvm/lib/connect/       Kafka Connect 4.3 (the standalone worker, JsonConverter): the events' consumers
+    .jvm/lib/connect-plugins/debezium-jdbc/
+                            Debezium's JDBC sink connector and ExtractNewRecordState (a Connect plugin)
+    .jvm/lib/postgres/      a PostgreSQL server build (zonky's, linux-amd64), unpacked in ``server/``
 
 and builds a schema registry application (Apicurio, ``jvm/registry``) into ``.jvm/lib/registry/``.
 
@@ -21,6 +24,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Callable
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 MINIMUM_JAVA = 17
@@ -29,10 +33,14 @@ CASSANDRA = "cassandra"
 KAFKA = "kafka"
 SPARK_KAFKA = "spark-kafka"
 CONNECT = "connect"
+CONNECT_PLUGINS = "connect-plugins"
+DEBEZIUM_JDBC = f"{CONNECT_PLUGINS}/debezium-jdbc"
+POSTGRES = "postgres"
 
 # What each classpath directory must hold for the programs started from it.
 _REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
-                 CONNECT: "connect-runtime-"}
+                 CONNECT: "connect-runtime-", DEBEZIUM_JDBC: "debezium-connector-jdbc-",
+                 POSTGRES: "embedded-postgres-binaries-"}
 
 # The version a jar's file name ends with (Maven's <artifactId>-<version>[-classifier].jar); a classifier
 # starts with a letter or is a build number, so "-0-10_2.13" stays part of spark-sql-kafka-0-10_2.13.
@@ -48,8 +56,8 @@ def lib_directory() -> Path:
 
 
 def jars(name: str) -> list[Path]:
-    """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``), sorted by
-    name."""
+    """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``,
+    ``DEBEZIUM_JDBC``, ``POSTGRES``), sorted by name."""
     directory = lib_directory() / name
     found = sorted(directory.glob("*.jar"))
     if not any(jar.name.startswith(_REQUIRED_JAR[name]) for jar in found):
@@ -71,16 +79,31 @@ def registry_application() -> Path:
     return application
 
 
-def missing_reason(*, registry: bool = False) -> str | None:
-    """Why the real Cassandra, Kafka and Kafka Connect (and with ``registry``, the schema registry) cannot
-    run here, or None when they can."""
+def connect_plugin_path() -> Path:
+    """The directory of Kafka Connect plugins (a worker's ``plugin.path``), checked to hold Debezium's."""
+    jars(DEBEZIUM_JDBC)
+    return lib_directory() / CONNECT_PLUGINS
+
+
+def postgres_home() -> Path:
+    """The unpacked PostgreSQL server (``bin/initdb``, ``bin/postgres``, ``lib/``, ``share/``)."""
+    home = lib_directory() / POSTGRES / "server"
+    if not (home / "bin" / "postgres").is_file():
+        raise MissingArtifacts(f"{home}: no bin/postgres; run `make install` (it fetches PostgreSQL with "
+                               "Maven and unpacks it there)")
+    return home
+
+
+def missing_reason(*also_needed: Callable[[], object]) -> str | None:
+    """Why the real Cassandra, Kafka and Kafka Connect (and what each of ``also_needed`` checks, e.g.
+    :func:`postgres_home`) cannot run here, or None when they can."""
     try:
         java_executable()
         jars(CASSANDRA)
         jars(KAFKA)
         jars(CONNECT)
-        if registry:
-            registry_application()
+        for check in also_needed:
+            check()
     except MissingArtifacts as error:
         return str(error)
     return None

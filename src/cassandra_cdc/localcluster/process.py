@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
+import pwd
 import signal
 import socket
 import subprocess
@@ -32,6 +33,15 @@ class JvmError(RuntimeError):
 
 def _die_with_parent() -> None:
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def as_user(user: str | None) -> dict[str, object]:
+    """``subprocess.Popen``'s arguments that run a program as ``user`` and its group (None: as this
+    process)."""
+    if user is None:
+        return {}
+    entry = pwd.getpwnam(user)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -58,16 +68,18 @@ class JvmProcess:
     """``java <command>`` in the background, its output in ``log_directory``.
 
     ``name`` names it in errors; ``main_log`` is the program's own log file, quoted when it fails;
-    ``environment`` replaces this process's environment for it (None: inherited).
+    ``environment`` replaces this process's environment for it (None: inherited); ``user`` runs it as that
+    user (a program that refuses to run as root). Any program can run so, not only a JVM.
     """
 
     def __init__(self, name: str, command: Sequence[str], log_directory: Path, main_log: Path,
-                 environment: Mapping[str, str] | None = None) -> None:
+                 environment: Mapping[str, str] | None = None, user: str | None = None) -> None:
         self.name = name
         self.command = list(command)
         self.log_directory = log_directory
         self.main_log = main_log
         self.environment = None if environment is None else dict(environment)
+        self.user = user
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -90,7 +102,8 @@ class JvmProcess:
             self._process = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=output,
                                              stderr=subprocess.STDOUT, start_new_session=True,
                                              env=self.environment,
-                                             preexec_fn=_die_with_parent if _prctl else None)
+                                             preexec_fn=_die_with_parent if _prctl else None,
+                                             **as_user(self.user))  # type: ignore[call-overload]
 
     def wait_for_port(self, host: str, port: int, timeout: float) -> None:
         """Until ``host:port`` accepts connections; raises with the logs' tails if the JVM exits first or
@@ -105,20 +118,20 @@ class JvmProcess:
             time.sleep(0.2)
 
     def failure(self, what: str) -> JvmError:
-        return JvmError(f"{self.name} {what}\n--- {self.main_log} ---\n{tail(self.main_log)}\n"
-                        f"--- {self.stdout_log} ---\n{tail(self.stdout_log)}")
+        logs = dict.fromkeys([self.main_log, self.stdout_log])  # once, when the program logs to its output
+        return JvmError(f"{self.name} {what}" + "".join(f"\n--- {log} ---\n{tail(log)}" for log in logs))
 
     def terminate(self) -> None:
         """SIGTERM: the program's own clean shutdown begins."""
         if self._process is not None and self.running:
             self._process.terminate()
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM, then SIGKILL if it is still running after ``timeout``."""
+    def stop(self, timeout: float = 60.0, how: signal.Signals = signal.SIGTERM) -> None:
+        """The signal ``how`` (SIGTERM), then SIGKILL if it is still running after ``timeout``."""
         if not self.running:
             return
         assert self._process is not None
-        self._process.terminate()
+        self._process.send_signal(how)
         try:
             self._process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -172,9 +185,11 @@ class JvmCluster(abc.ABC):
         self.stop()
 
 
-def run_tool(command: Sequence[str], what: str, timeout: float = 120.0) -> str:
-    """Run a short-lived JVM tool to completion; its output, or a :class:`JvmError` naming ``what`` failed."""
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+def run_tool(command: Sequence[str], what: str, timeout: float = 120.0, user: str | None = None) -> str:
+    """Run a short-lived tool to completion (as ``user``, if given); its output, or a :class:`JvmError`
+    naming ``what`` failed."""
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
+                            **as_user(user))  # type: ignore[call-overload]
     if result.returncode != 0:
         raise JvmError(f"{what} failed with status {result.returncode}: "
                        f"{(result.stderr or result.stdout).strip()[-2000:]}")
