@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, KafkaBroker, MissingArtifacts,
-                                        PostgresServer, artifacts)
+from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, KafkaBroker,
+                                        MissingArtifacts, PostgresServer, artifacts)
 from conftest import require_jvm_artifacts
 
 

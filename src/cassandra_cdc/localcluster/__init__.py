@@ -18,6 +18,7 @@ from .process import JvmError
 from .registry import SchemaRegistryServer
 from .spark import SparkStandaloneCluster, SparkWorker
 
-__all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "JvmError", "KafkaBroker", "MissingArtifacts",
-           "PostgresServer", "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker", "missing_reason",
+__all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "JvmError", "KafkaBroker",
+           "MissingArtifacts", "PostgresServer", "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker",
+           "missing_reason",
            "sstable_format"]

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import artifacts
-from .kafka import _JVM, _LOG4J2, _property
-from .process import JvmCluster, JvmError, JvmProcess, JvmService
+from .kafka import _LOG4J2
+from .process import SERVICE_JVM, JvmCluster, JvmError, JvmProcess, JvmService, properties_text
 from ..simulator.broker import free_port
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,6 @@ log = logging.getLogger(__name__)
 HOST = "127.0.0.1"
 MAIN_CLASS = "org.apache.kafka.connect.cli.ConnectStandalone"
 JSON_CONVERTER = "org.apache.kafka.connect.json.JsonConverter"
-
-
-def properties_text(settings: Mapping[str, Any]) -> str:
-    return "".join(f"{key}={_property(value)}\n" for key, value in settings.items())
 
 
 class ConnectWorker(JvmService, JvmCluster):
@@ -66,7 +62,7 @@ class ConnectWorker(JvmService, JvmCluster):
             connector_files.append(conf / f"{name}.properties")
             connector_files[-1].write_text(properties_text(settings))
         (conf / "log4j2.xml").write_text(_LOG4J2.format(log=self.log))
-        command = [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *_JVM,
+        command = [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *SERVICE_JVM,
                    f"-Dlog4j2.configurationFile={conf / 'log4j2.xml'}",
                    "-cp", artifacts.classpath(artifacts.CONNECT),
                    MAIN_CLASS, str(worker), *map(str, connector_files)]
@@ -164,4 +160,4 @@ class ConnectWorker(JvmService, JvmCluster):
         self._process.kill()
 
 
-__all__ = ["ConnectWorker", "properties_text"]
+__all__ = ["ConnectWorker"]
