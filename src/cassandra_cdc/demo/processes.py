@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +41,7 @@ class ChildProcess:
         self.ready_marker = ready_marker
         self._ready = ready_marker is None
         self._log_scanned = 0
+        self._ready_lock = threading.Lock()  # the demo's fault injector restarts and awaits it too
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -49,8 +51,9 @@ class ChildProcess:
     def start(self) -> "ChildProcess":
         """Start it (again, after it exited: ready once its log, appended to, shows the marker again)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._ready = self.ready_marker is None
-        self._log_scanned = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with self._ready_lock:
+            self._ready = self.ready_marker is None
+            self._log_scanned = self.log_path.stat().st_size if self.log_path.exists() else 0
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen([*COMMAND, *self.arguments], stdin=subprocess.DEVNULL, stdout=log,
@@ -66,13 +69,23 @@ class ChildProcess:
     @property
     def ready(self) -> bool:
         """Whether its log shows it is up (read incrementally, only until it does)."""
-        if not self._ready and self.log_path.exists():
-            with open(self.log_path, "rb") as log:
-                log.seek(max(0, self._log_scanned - len(self.ready_marker or "")))
-                chunk = log.read()
-                self._log_scanned = log.tell()
-            self._ready = (self.ready_marker or "").encode() in chunk
-        return self._ready
+        with self._ready_lock:
+            if not self._ready and self.log_path.exists():
+                with open(self.log_path, "rb") as log:
+                    log.seek(max(0, self._log_scanned - len(self.ready_marker or "")))
+                    chunk = log.read()
+                    self._log_scanned = log.tell()
+                self._ready = (self.ready_marker or "").encode() in chunk
+            return self._ready
+
+    def wait_until_ready(self, timeout: float) -> bool:
+        """Until it is ready (True), exits or ``timeout`` seconds pass (False)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            if self.exit_code is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
 
     @property
     def state(self) -> str:
