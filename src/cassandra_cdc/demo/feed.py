@@ -23,6 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPar
 from .table_check import ReplayedTable
 from ..events.event_text import changes_text, key_text
 from ..kafka.consume import END_CHECK_SECONDS, PauseAtEnd
+from ..kafka.security import LibrdkafkaLog
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ class EventFeed:
         self._consumer_settings = {
             "bootstrap.servers": bootstrap_servers, "group.id": f"cassandra-cdc-demo-{uuid.uuid4()}",
             "enable.auto.commit": False, "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-            "enable.partition.eof": False}
+            "enable.partition.eof": False,
+            # A broker down for a while (demo --chaos) would flood the view with connection attempts.
+            "logger": LibrdkafkaLog()}
         self.replayed = {table: ReplayedTable(keys) for table, keys in tables.items()}
         self._key_columns = {table: list(keys) for table, keys in tables.items()}
         self._watched = watched_column
