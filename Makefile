@@ -50,10 +50,12 @@ install: $(VENV)/.installed .jvm/.installed
 # equal SELECT * at CONSISTENCY ALL (exit 1 if not). It writes for DURATION seconds, after starting the
 # nodes, the broker and Spark, and before catching up, checking and stopping (README: measured times);
 # `make run DURATION=` runs until Ctrl-C. Everything it starts is stopped, and ./demo-data removed,
-# when it ends. Without Java and the JVM artifacts: `cassandra-cdc demo --simulated`.
+# when it ends. Without Java and the JVM artifacts: `cassandra-cdc demo --simulated`. ARGS go to
+# `cassandra-cdc demo`: `make run ARGS=--chaos` kills and restarts its processes while it writes.
 DURATION ?= 60
+ARGS ?=
 run: install
-	$(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION))
+	$(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION)) $(ARGS)
 
 # CASSANDRA_CDC_REQUIRE_JVM: tests needing the fetched JVM artifacts fail instead of skipping without them.
 test: install

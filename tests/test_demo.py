@@ -48,14 +48,26 @@ def run_demo(arguments: list[str], timeout: float) -> tuple[int, str]:
 
 
 @pytest.mark.timeout(REAL_DEMO_TIMEOUT + 300)
-def test_real_demo_runs_and_its_check_passes(tmp_path: Path) -> None:
-    """`make run` on the real thing, with a short writing time: three Cassandra 5.0 nodes and a Kafka
-    broker start, the events of every table replay to SELECT * at CONSISTENCY ALL, all is stopped."""
+def test_real_demo_with_chaos_runs_and_its_check_passes(tmp_path: Path) -> None:
+    """`make run ARGS=--chaos` on the real thing, with a short writing time: three Cassandra 5.0 nodes and a
+    Kafka broker start; while the workload writes, a process is killed (kill -9) every 15 s and restarted:
+    the first four faults are one of each kind (an agent, the pipeline, the broker, a node); the events of
+    every table still replay to SELECT * at CONSISTENCY ALL, none read twice, and all is stopped."""
     require_jvm_artifacts()
     workdir = tmp_path / "demo-data"
-    code, output = run_demo(["--duration", "15", "--plain", "--catchup-timeout", "600",
-                             "--workdir", str(workdir)], REAL_DEMO_TIMEOUT)
+    code, output = run_demo(["--chaos", "--fault-interval", "15", "--seed", "18", "--duration", "70",
+                             "--plain", "--catchup-timeout", "600", "--workdir", str(workdir)],
+                            REAL_DEMO_TIMEOUT)
     assert code == 0, output[-6000:]
+    assert "seed 18 (--seed 18 repeats the sequence)" in output
+    injected = re.search(r"✓ (\d+) faults injected \(seed 18\): agent (\d+), pipeline (\d+), kafka (\d+), "
+                         r"cassandra (\d+); recovery p50 [0-9.]+ s, max [0-9.]+ s", output)
+    assert injected, output[-6000:]
+    assert all(int(count) >= 1 for count in injected.groups()[1:]), injected.group(0)
+    for killed in (r"agent 127\.0\.0\.\d", "pipeline", r"Kafka broker 127\.0\.0\.1:\d+",
+                   r"Cassandra node 127\.0\.0\.\d"):
+        assert re.search(f"chaos: kill -9 of {killed} \\(fault \\d+\\)", output), killed
+        assert re.search(f"chaos: {killed} ready again [0-9.]+ s after its kill", output), killed
     for table in ("rows", "collections", "counters", "types", "expiring"):
         assert re.search(f"✓ cdc_demo.{table}: [0-9,]+ events replay into exactly the table's", output), output
     assert "✓ cdc_demo.plain (no CDC)" in output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -26,7 +27,16 @@ def demo(
     keep: Annotated[bool, typer.Option("--keep", help="Keep the work directory afterwards.")] = False,
     rate: Annotated[Optional[float], typer.Option(
         help="CQL statements per second (default: 50 on the real cluster, 200 simulated).")] = None,
-    seed: Annotated[int, typer.Option(help="With --simulated: seed of the workload.")] = 1,
+    chaos: Annotated[bool, typer.Option(
+        "--chaos", help="While writing, kill (kill -9) and restart an agent, the pipeline, the Kafka broker "
+                        "or a Cassandra node, one every --fault-interval seconds; the final check is the "
+                        "same. Not with --simulated.")] = False,
+    fault_interval: Annotated[float, typer.Option(
+        help="With --chaos: seconds between two faults (a process is killed again only once it has "
+             "recovered).")] = 20.0,
+    seed: Annotated[Optional[int], typer.Option(
+        help="Seed of the workload (--simulated, default 1) or of the faults (--chaos, default random, "
+             "printed so that a run can be repeated).")] = None,
     keys: Annotated[int, typer.Option(help="With --simulated: partitions per table.")] = 100,
     alter_at: Annotated[Optional[float], typer.Option(
         help="With --simulated: seconds into the writing at which the schema changes (default: 40% of "
@@ -47,7 +57,8 @@ def demo(
     one `cassandra-cdc agent` per node on its real cdc_raw and the `cassandra-cdc pipeline`, as separate
     processes with the configurations written to --workdir. Shows the events as they come; at the end,
     replays every event into tables and compares them with SELECT * at CONSISTENCY ALL (exit 1 if they
-    differ). --simulated runs a simulated Cassandra 4.1 cluster and an embedded broker instead. Ctrl-C stops
+    differ). --chaos kills and restarts the system's processes meanwhile.
+    --simulated runs a simulated Cassandra 4.1 cluster and an embedded broker instead. Ctrl-C stops
     cleanly (twice: at once); everything started is stopped and the work directory removed (unless --keep,
     or something failed).
     """
@@ -56,9 +67,16 @@ def demo(
 
     if (rate is not None and rate <= 0) or keys < 1:
         raise typer.BadParameter("--rate must be positive and --keys at least 1")
+    if chaos and simulated:
+        raise typer.BadParameter("--chaos kills the real system's processes: not with --simulated")
+    if fault_interval <= 0:
+        raise typer.BadParameter("--fault-interval must be positive")
+    if seed is None:
+        seed = random.randrange(1_000_000) if chaos else 1
     options = DemoOptions(workdir=workdir, duration=duration, check=check, keep=keep,
                           rate=rate or (SIMULATED_RATE if simulated else DEFAULT_RATE), seed=seed, keys=keys,
-                          alter_at=alter_at, catchup_timeout=catchup_timeout, live=live)
+                          alter_at=alter_at, catchup_timeout=catchup_timeout, live=live, chaos=chaos,
+                          fault_interval=fault_interval)
     if simulated:
         raise typer.Exit(run_demo(options))
     from ..localcluster import missing_reason

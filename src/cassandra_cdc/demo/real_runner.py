@@ -6,7 +6,8 @@ when it is up. The agents read each node's real ``cdc_raw`` (their schema from t
 pipeline reads the raw topic with Spark's own Kafka source (the connector ``make install`` fetched). The workload is the real end-to-end test's
 (:mod:`.cql_workload`), round after round on new keys, through cassandra-driver at CONSISTENCY ALL at a
 steady rate. Once writing ends and the TTLs have passed, every table's events replayed must equal
-``SELECT *`` at CONSISTENCY ALL, with no event read twice.
+``SELECT *`` at CONSISTENCY ALL, with no event read twice. With ``chaos``, agents, the pipeline, the
+broker and the nodes are killed and restarted while it writes (:mod:`.chaos`), and the check is the same.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.console import Console
 
 from ..localcluster import CassandraCluster, JvmError, KafkaBroker
 from ..localcluster.artifacts import spark_kafka_jars
+from .chaos import RECOVERY_TIMEOUT, FaultInjector, Target, child_target
 from .cql_workload import (CDC_TABLES, DEFAULT_TTL, NON_CDC_TABLE, SHORT_TTL, Workload, key_columns,
                            schema_statements, table_rows)
 from .runner import VIEW_SECONDS, DemoBase, DemoError, DemoOptions, _StoppedEarly
@@ -138,11 +140,14 @@ class RealDemo(DemoBase):
     def _write(self, view: View) -> None:
         """Rounds of the workload, each on keys of its own, at ``rate`` statements per second."""
         from cassandra import OperationTimedOut, RequestExecutionException
+        from cassandra.cluster import NoHostAvailable
 
         options, status = self.options, self.status
         status.phase = "writing"
         started = time.monotonic()
         status.writing_started_at = started
+        if options.chaos:
+            self._start_chaos(view)
         next_at = started
         next_view = started
         recent: collections.deque[float] = collections.deque()
@@ -174,13 +179,35 @@ class RealDemo(DemoBase):
             while True:
                 try:
                     self._round(workload, number)
-                except (OperationTimedOut, RequestExecutionException) as error:
-                    # A statement timed out on a busy machine: what the cluster holds is still the truth.
+                except (OperationTimedOut, RequestExecutionException, NoHostAvailable) as error:
+                    # A statement timed out on a busy machine, or too few replicas were up (a node down, or
+                    # --chaos killed it): what the cluster holds is still the truth.
                     self.failed_statements += 1
                     status.note = f"{self.failed_statements} statements failed, the last: {error}"
                 number += 1
         except _WritingOver:
             pass
+
+    def _start_chaos(self, view: View) -> None:
+        assert self.kafka is not None and self.cluster is not None and self.pipeline is not None
+        kafka = self.kafka
+
+        def report(line: str) -> None:
+            view.message(f"[{self.status.elapsed:5.0f} s] {line}")
+
+        targets = [
+            *(child_target("agent", agent, report) for agent in self.agents),
+            child_target("pipeline", self.pipeline, report),
+            Target("kafka", f"Kafka broker {kafka.bootstrap_servers}", kafka.kill, kafka.start),
+            *(Target("cassandra", f"Cassandra node {node.address}", node.kill,
+                     lambda node=node: node.start(RECOVERY_TIMEOUT)) for node in self.cluster.nodes),
+        ]
+        self.chaos = FaultInjector(targets, self.options.fault_interval, self.options.seed,
+                                   report)
+        view.message(f"[{self.status.elapsed:5.0f} s] chaos: a process killed (kill -9) and restarted every "
+                     f"{self.options.fault_interval:.0f} s while writing; seed {self.options.seed} (--seed "
+                     f"{self.options.seed} repeats the sequence)")
+        self.chaos.start()
 
     @staticmethod
     def _round(workload: Workload, number: int) -> None:
@@ -197,6 +224,13 @@ class RealDemo(DemoBase):
         workload.others(base, 1)
 
     def _after_writing(self, view: View) -> float:
+        if self.chaos is not None:
+            view.message(f"[{self.status.elapsed:5.0f} s] chaos: no more faults; waiting for the last one "
+                         "to recover")
+            if not self.chaos.stop_injecting():
+                raise DemoError(f"a process killed by the fault injector was not ready again within "
+                                f"{RECOVERY_TIMEOUT:.0f} s: {self.chaos.current}")
+            self._check_children()
         return time.time() + max(SHORT_TTL, DEFAULT_TTL) + 1
 
     # --- what the tables hold -----------------------------------------------------------------------

@@ -40,6 +40,7 @@ from ..schema import Schema, load_schema_files
 from ..localcluster import JvmError
 from ..simulator import BrokerError, Clock, Cluster, EmbeddedBroker, Workload
 from .table_check import CheckResult, compare_rows, normalized
+from .chaos import FaultInjector
 from .feed import EventFeed
 from .processes import ChildProcess
 from .view import DemoStatus, NodeStatus, View
@@ -69,12 +70,14 @@ class DemoOptions:
     check: bool = False  # exit status 1 when the final check fails
     keep: bool = False  # keep the work directory
     rate: float = 200.0  # CQL statements per second
-    seed: int = 1
+    seed: int = 1  # of the simulated workload, and of the faults with ``chaos``
     keys: int = 100  # partitions per table
     segment_size: int = 256 * 1024
     alter_at: float | None = None  # seconds into the writing; default: 40% of the duration, or 30 s
     catchup_timeout: float = 300.0
     live: bool | None = None  # rich live view; None: when the output is a terminal
+    chaos: bool = False  # kill and restart the real system's processes while writing (demo.chaos)
+    fault_interval: float = 20.0  # seconds between two faults
 
     @property
     def schema_change_at(self) -> float:
@@ -143,6 +146,7 @@ class DemoBase:
         self.feed: EventFeed | None = None
         self.keep_reason = ""
         self.pipeline_restarts = 0
+        self.chaos: FaultInjector | None = None  # started by a demo that injects faults
         self._status_at = 0.0
 
     # --- what a subclass provides -----------------------------------------------------------------
@@ -338,6 +342,9 @@ class DemoBase:
             node_status.lag_bytes = sum(s.lag_bytes or 0 for s in segments)
             node_status.agent_state = agent.state
         status.pipeline_state = self.pipeline.state if self.pipeline else "not started"
+        if self.chaos is not None:
+            down = self.chaos.current
+            status.chaos = self.chaos.summary() + (f"; now: {down}" if down else "")
         if self.feed is not None:
             status.feed = self.feed.snapshot()
             self._refresh_tables()
@@ -345,7 +352,11 @@ class DemoBase:
                 status.replayed_rows[table] = len(self.feed.replayed[table].rows)
 
     def _check_children(self) -> None:
+        if self.chaos is not None and self.chaos.error is not None:
+            raise DemoError(str(self.chaos.error))
         for child in [*self.agents, *([self.pipeline] if self.pipeline else [])]:
+            if self.chaos is not None and child.name in self.chaos.down:
+                continue  # killed on purpose: the fault injector starts it again
             code = child.exit_code
             restartable = child is self.pipeline and self.pipeline_restarts < self.pipeline_restarts_allowed
             if code is not None and restartable:
@@ -434,6 +445,8 @@ class DemoBase:
         else:
             result.ok(f"{self.non_cdc_table} (no CDC): {statements:,} statements, no topic, no events")
         self._extra_checks(result)
+        if self.chaos is not None:
+            result.ok(self.chaos.summary())
         if self.pipeline_restarts:
             result.ok(f"the pipeline exited {self.pipeline_restarts} times and resumed from its checkpoint")
         if self.feed.duplicates:
@@ -451,6 +464,8 @@ class DemoBase:
     def _shutdown(self) -> None:
         """Stop what was started, newest first: event reader, pipeline, agents, then cluster and broker."""
         self.status.phase = "stopping"
+        if self.chaos is not None and not self.chaos.stop_injecting():
+            log.warning("a process killed by the fault injector did not recover before stopping")
         if self.feed is not None:
             self.feed.stop()
         if self.pipeline is not None:
@@ -463,6 +478,8 @@ class DemoBase:
         for agent in self.agents:
             agent.stop(signal.SIGTERM, timeout=40)
         self._stop_systems()
+        if self.chaos is not None:
+            self.chaos.close()
 
     def _report(self, result: CheckResult | None) -> None:
         console = self.console

@@ -53,6 +53,7 @@ class DemoStatus:
     schema_change: str = ""  # what happened to the schema so far
     feed: FeedSnapshot | None = None
     note: str = ""
+    chaos: str = ""  # the faults injected so far, and what is down now (demo --chaos)
     # What is shown (the simulated demo's unless a demo says otherwise).
     about: str = ("3 simulated Cassandra 4.1 nodes (RF=3) write commit logs to cdc_raw → 3 agents publish "
                   "raw records to Kafka ({broker}) → the Spark pipeline merges the replicas → one event per "
@@ -144,6 +145,8 @@ def render(status: DemoStatus) -> Group:
         flow.add_row("pipeline", status.pipeline_state)
     if status.schema_change or status.schema_plan:
         flow.add_row("schema", status.schema_change or f"unchanged so far; {status.schema_plan}")
+    if status.chaos:
+        flow.add_row("chaos", status.chaos)
 
     recent = Table.grid(padding=(0, 1))
     for _ in range(4):
@@ -173,6 +176,8 @@ def summary_line(status: DemoStatus) -> str:
     if feed is not None:
         line += (f" | events {feed.total:,} ({feed.events_per_second:.0f}/s) {per_table} | latency p50 "
                  f"{_seconds(feed.latency_p50)} | dead letters {feed.dead_letters}")
+    if status.chaos:
+        line += f" | chaos: {status.chaos}"
     return line
 
 
