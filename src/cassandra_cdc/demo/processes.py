@@ -49,7 +49,10 @@ class ChildProcess:
         return "cassandra-cdc " + " ".join(self.arguments)
 
     def start(self) -> "ChildProcess":
-        """Start it (again, after it exited: ready once its log, appended to, shows the marker again)."""
+        """Start it (again, after it exited: ready once its log, appended to, shows the marker again); nothing
+        if it runs (the demo and its fault injector may both restart it)."""
+        if self.exit_code is None and self.process is not None:
+            return self
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self._ready_lock:
             self._ready = self.ready_marker is None

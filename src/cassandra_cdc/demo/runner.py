@@ -355,9 +355,10 @@ class DemoBase:
         if self.chaos is not None and self.chaos.error is not None:
             raise DemoError(str(self.chaos.error))
         for child in [*self.agents, *([self.pipeline] if self.pipeline else [])]:
+            code = child.exit_code
+            # Read after the exit code: the injector marks a child down before it kills it.
             if self.chaos is not None and child.name in self.chaos.down:
                 continue  # killed on purpose: the fault injector starts it again
-            code = child.exit_code
             restartable = child is self.pipeline and self.pipeline_restarts < self.pipeline_restarts_allowed
             if code is not None and restartable:
                 self._restart_pipeline(code)
