@@ -119,8 +119,8 @@ class FaultInjector:
 
     def stop_injecting(self, timeout: float = RECOVERY_TIMEOUT) -> bool:
         """No new fault; wait until every killed process is ready again. False if one is not in time."""
-        self._stop_injecting.set()
         with self._recovered:
+            self._stop_injecting.set()  # under the lock: a fault is either marked down already, or never
             return self._recovered.wait_for(lambda: not self.down or self.error is not None, timeout)
 
     def close(self) -> None:
@@ -148,6 +148,8 @@ class FaultInjector:
                 continue  # everything that could be killed is down already
             fault = Fault(target.kind, target.name, time.monotonic() - self._started_at)
             with self._lock:
+                if self._stop_injecting.is_set():
+                    break  # asked to stop while this fault was being chosen
                 self.faults.append(fault)
                 # Before the kill: the demo must not take the exit for a failure.
                 self.down[target.name] = fault

@@ -225,8 +225,9 @@ class RealDemo(DemoBase):
 
     def _after_writing(self, view: View) -> float:
         if self.chaos is not None:
-            view.message(f"[{self.status.elapsed:5.0f} s] chaos: no more faults; waiting for the last one "
-                         "to recover")
+            recovering = self.chaos.current
+            view.message(f"[{self.status.elapsed:5.0f} s] chaos: no more faults"
+                         + (f"; waiting for what is down to recover: {recovering}" if recovering else ""))
             if not self.chaos.stop_injecting():
                 raise DemoError(f"a process killed by the fault injector was not ready again within "
                                 f"{RECOVERY_TIMEOUT:.0f} s: {self.chaos.current}")
