@@ -91,13 +91,14 @@ class FaultInjector:
     ``error``. A fault is due every ``interval`` seconds even while earlier ones recover (a broker
     killed while a node restarts), but a target is never killed again before it has recovered."""
 
-    def __init__(self, targets: Sequence[Target], interval: float, seed: int,
-                 report: Callable[[str], None]) -> None:
+    def __init__(self, targets: Sequence[Target], interval: float, seed: int, report: Callable[[str], None],
+                 downtime: tuple[float, float] = DOWNTIME_SECONDS) -> None:
         kinds = {target.kind for target in targets}
         if kinds != set(KINDS):
             raise ValueError(f"targets of every kind {KINDS} needed, got {sorted(kinds)}")
         self.targets = list(targets)
         self.interval = interval
+        self.downtime = downtime
         self.seed = seed
         self._report = report
         self._random = random.Random(seed)
@@ -153,7 +154,7 @@ class FaultInjector:
                 self.faults.append(fault)
                 # Before the kill: the demo must not take the exit for a failure.
                 self.down[target.name] = fault
-            downtime = self._random.uniform(*DOWNTIME_SECONDS)
+            downtime = self._random.uniform(*self.downtime)
             thread = threading.Thread(target=self._inject, args=(target, fault, len(self.faults), downtime),
                                       name=f"fault {len(self.faults)}", daemon=True)
             self._threads.append(thread)
