@@ -50,17 +50,18 @@ def run_demo(arguments: list[str], timeout: float) -> tuple[int, str]:
 @pytest.mark.timeout(REAL_DEMO_TIMEOUT + 300)
 def test_real_demo_with_chaos_runs_and_its_check_passes(tmp_path: Path) -> None:
     """`make run ARGS=--chaos` on the real thing, with a short writing time: three Cassandra 5.0 nodes and a
-    Kafka broker start; while the workload writes, a process is killed (kill -9) every 15 s and restarted:
+    Kafka broker start; while the workload writes, a process is killed (kill -9) every 12 s and restarted:
     the first four faults are one of each kind (an agent, the pipeline, the broker, a node); the events of
-    every table still replay to SELECT * at CONSISTENCY ALL, none read twice, and all is stopped."""
+    every table still replay to SELECT * at CONSISTENCY ALL, none read twice, and all is stopped. Seed 2
+    kills the pipeline first, the slowest to recover, so that the demo waits least for it after writing."""
     require_jvm_artifacts()
     workdir = tmp_path / "demo-data"
-    code, output = run_demo(["--chaos", "--fault-interval", "15", "--seed", "18", "--duration", "70",
+    code, output = run_demo(["--chaos", "--fault-interval", "12", "--seed", "2", "--duration", "55",
                              "--plain", "--catchup-timeout", "600", "--workdir", str(workdir)],
                             REAL_DEMO_TIMEOUT)
     assert code == 0, output[-6000:]
-    assert "seed 18 (--seed 18 repeats the sequence)" in output
-    injected = re.search(r"✓ (\d+) faults injected \(seed 18\): agent (\d+), pipeline (\d+), kafka (\d+), "
+    assert "seed 2 (--seed 2 repeats the sequence)" in output
+    injected = re.search(r"✓ (\d+) faults injected \(seed 2\): agent (\d+), pipeline (\d+), kafka (\d+), "
                          r"cassandra (\d+); recovery p50 [0-9.]+ s, max [0-9.]+ s", output)
     assert injected, output[-6000:]
     assert all(int(count) >= 1 for count in injected.groups()[1:]), injected.group(0)
