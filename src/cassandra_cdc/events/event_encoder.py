@@ -132,9 +132,9 @@ class EventEncoder:
                                   *ENVELOPE_TAIL_SCHEMAS],
                 name=f"{self._name}.Envelope", version=ENVELOPE_SCHEMA_VERSION)
             # The schema is most of an event's JSON and never changes: encoded once, not per event.
-            self._key_document = _ConnectDocument(key_schema)
-            self._no_key_document = _ConnectDocument(key_schema | {"optional": True})
-            self._value_document = _ConnectDocument(value_schema)
+            self._key_document = ConnectDocument(key_schema)
+            self._no_key_document = ConnectDocument(key_schema | {"optional": True})
+            self._value_document = ConnectDocument(value_schema)
         else:
             namespace = _avro_namespace(self._name)
             key_schema = self._avro_columns("Key", namespace, self._key_columns)
@@ -224,19 +224,25 @@ class EventEncoder:
         return {"type": "record", "name": name, "namespace": namespace, "fields": fields}
 
     def _avro(self, schema: Any, record: dict[str, Any] | None, use: str) -> bytes:
-        out = io.BytesIO()
-        if self._registry is None:
-            fastavro.writer(out, schema, [record])  # an object container: the schema travels along
-            return out.getvalue()
         schema_id = self._schema_ids.get(use)
-        if schema_id is None:  # registered once per encoder, not looked up per event
+        if schema_id is None and self._registry is not None:  # registered once per encoder, not per event
             schema_id = self._schema_ids[use] = self._registry.register(*self._declared[use])
-        out.write(struct.pack(">bI", 0, schema_id))  # Confluent wire format: magic 0, schema id
-        fastavro.schemaless_writer(out, schema, record)
+        return avro_bytes(schema, record, schema_id)
+
+
+def avro_bytes(schema: Any, record: Any, schema_id: int | None) -> bytes:
+    """``record`` in the Confluent wire format with the registry's ``schema_id`` of the (parsed) ``schema``;
+    without a registry (``schema_id`` None), an object container: the schema travels along."""
+    out = io.BytesIO()
+    if schema_id is None:
+        fastavro.writer(out, schema, [record])
         return out.getvalue()
+    out.write(struct.pack(">bI", 0, schema_id))  # magic 0, schema id
+    fastavro.schemaless_writer(out, schema, record)
+    return out.getvalue()
 
 
-class _ConnectDocument:
+class ConnectDocument:
     """``{"schema": …, "payload": …}`` as the JsonConverter writes it, with the schema part encoded once.
 
     The bytes are those of ``_json({"schema": schema, "payload": payload})``.

@@ -108,6 +108,12 @@ class OutputSettings(_Section):
     interval_handling_mode: IntervalMode = Field(
         "string", description="duration columns: string (io.debezium.time.Interval, ISO 8601, exact) or "
                               "numeric (io.debezium.time.NanoDuration, a month counted as 30 days).")
+    heartbeat_interval_ms: int = Field(
+        0, ge=0, description="Debezium's heartbeat.interval.ms: while the pipeline runs, write a heartbeat "
+                             "(key {serverName}, value {ts_ms}, Debezium's schemas) to "
+                             "<heartbeat_topic_prefix>.<server> this often; 0: no heartbeats.")
+    heartbeat_topic_prefix: str = Field("__debezium-heartbeat",
+                                        description="Debezium's topic.heartbeat.prefix.")
     exactly_once: bool = Field(True, description="Transactional output per micro-batch (consumers use "
                                                  "isolation.level=read_committed); false: at-least-once.")
 

@@ -25,6 +25,7 @@ from .checkpoint_files import CheckpointFiles, checkpoint_files
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
 from .event_sink import SinkSettings, partitions_committed
+from .heartbeat import Heartbeats
 from .kafka_source import KafkaDataSource, SourceOptions
 from .pipeline_metrics import PipelineMetrics, PipelineTally
 from .spark_session import kafka_format_available, session_master, spark_session
@@ -234,13 +235,16 @@ def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None) 
 def start(spark: SparkSession, config: PipelineConfig,
           tally: Accumulator[PipelineTally] | None = None) -> StreamingQuery:
     check_checkpoint(config, spark)
-    return (change_events(spark, config, tally).writeStream
-            .queryName(QUERY_NAME)
-            .format("noop")
-            .outputMode("update")
-            .option("checkpointLocation", config.checkpoint)
-            .trigger(processingTime=config.spark.trigger_interval)
-            .start())
+    query = (change_events(spark, config, tally).writeStream
+             .queryName(QUERY_NAME)
+             .format("noop")
+             .outputMode("update")
+             .option("checkpointLocation", config.checkpoint)
+             .trigger(processingTime=config.spark.trigger_interval)
+             .start())
+    if config.output.heartbeat_interval_ms:
+        Heartbeats(config, sink_settings(config), query).start()
+    return query
 
 
 def run(config: PipelineConfig, duration: float | None = None) -> int:
