@@ -14,13 +14,14 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	touch $@
 
-# Real Apache Cassandra, Apache Kafka, Spark's Kafka connector, Kafka Connect with Debezium's JDBC sink and a
-# PostgreSQL server for the real-system tests: each pinned runtime classpath (jvm/*/pom.xml) copied by Maven
-# into its own directory under .jvm/lib/; and a schema registry (Apicurio, jvm/registry), which Maven builds
-# into .jvm/lib/registry/. Fetched once: the stamp is newer than the poms, so a re-run fetches nothing.
+# Real Apache Cassandra, Apache Kafka, Spark's Kafka connector, Kafka Connect with Debezium's JDBC sink and
+# Apicurio's AvroConverter, and a PostgreSQL server for the real-system tests: each pinned runtime classpath
+# (jvm/*/pom.xml) copied by Maven into its own directory under .jvm/lib/; and a schema registry (Apicurio,
+# jvm/registry), which Maven builds into .jvm/lib/registry/, and the converter's ServiceLoader manifest jar
+# (jvm/apicurio-converter). Fetched once: the stamp is newer than the poms, so a re-run fetches nothing.
 JVM_LIB := .jvm/lib
 JVM_POMS := $(wildcard jvm/pom.xml jvm/*/pom.xml)
-JVM_SOURCES := $(shell find jvm/registry/src -type f)
+JVM_SOURCES := $(shell find jvm/registry/src jvm/apicurio-converter/src -type f)
 
 # The PostgreSQL server of jvm/postgres is a .txz inside its jar: unpacked once, into
 # .jvm/lib/postgres/server.
@@ -37,7 +38,7 @@ export UNPACK_POSTGRES
 	    "needs Maven 3.8+ (mvn) and Java 17+" >&2; exit 2; }
 	rm -rf $(JVM_LIB)
 	mvn -q -B -Dstyle.color=never -f jvm/pom.xml dependency:copy-dependencies
-	mvn -q -B -Dstyle.color=never -f jvm/pom.xml -pl registry package
+	mvn -q -B -Dstyle.color=never -f jvm/pom.xml -pl registry,apicurio-converter package
 	$(PYTHON) -c "$$UNPACK_POSTGRES" $(JVM_LIB)/postgres/embedded-postgres-binaries-*.jar \
 	    $(JVM_LIB)/postgres/server
 	touch $@

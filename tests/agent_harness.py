@@ -31,6 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 
 from cassandra_cdc.agent import Agent, AgentConfig
 from cassandra_cdc.agent.positions import STATE_FILE
+from cassandra_cdc.agent.truncations import Truncation
 from cassandra_cdc.commitlog import Mutation
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
@@ -54,6 +55,22 @@ NODE_SCHEMA = parse_schema(SCHEMA_CQL + LATE_CQL)
 CLI = Path(sys.executable).parent / "cassandra-cdc"
 FIRST_SEGMENT = 1000
 DEADLINE = 60.0  # seconds: generous upper bounds for things that normally take well under one
+
+
+class NodeTruncations:
+    """A node's ``system.local.truncated_at`` as a test sets it, in place of the CQL reader of
+    ``TruncationWatch`` (test_real_e2e.py reads a real node's)."""
+
+    def __init__(self, *truncations: Truncation, node: str = "node1") -> None:
+        self.truncations = list(truncations)
+        self.node = node
+
+    def read(self) -> list[Truncation]:
+        return list(self.truncations)
+
+    def close(self) -> None:
+        pass
+
 
 Key = tuple[int, int, uuid.UUID]  # (segment id, position, table id) of one expected raw record
 

@@ -29,7 +29,7 @@ from cassandra_cdc.kafka.schema_records import SchemaRecord
 import agent_harness
 from agent_harness import (
     SCHEMA, FIRST_SEGMENT, wait_until, TopicReader, assert_published_exactly, assert_node_order,
-    MakeHarness, running, saved_positions, metric)
+    MakeHarness, NodeTruncations, running, saved_positions, metric)
 
 broker, harness = agent_harness.broker, agent_harness.harness  # fixtures: a broker per module
 
@@ -350,21 +350,6 @@ def test_deliveries_know_every_record_acknowledged_from_a_few_reports(broker: Em
 
 
 # --- truncations ------------------------------------------------------------------------------------------
-
-class NodeTruncations:
-    """The node's ``system.local.truncated_at`` as the test sets it (test_real_e2e.py reads a real node's)."""
-
-    node = "node1"
-
-    def __init__(self, *truncations: Truncation) -> None:
-        self.truncations = list(truncations)
-
-    def read(self) -> list[Truncation]:
-        return list(self.truncations)
-
-    def close(self) -> None:
-        pass
-
 
 def test_a_truncation_is_published_to_every_partition_once_after_the_writes_it_covers(
         harness: MakeHarness) -> None:

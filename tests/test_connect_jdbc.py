@@ -1,8 +1,11 @@
 """The events consumed by the real consumers a Debezium user runs: a Kafka Connect 4.3 standalone worker,
 Connect's JsonConverter, Debezium's JDBC sink (3.2) and its ExtractNewRecordState, writing into a real
-PostgreSQL 14. Three simulated replicas' agents and the Spark pipeline produce the events on a real Kafka
-broker; the PostgreSQL tables must then hold what the simulator's model of the writes says the Cassandra
-tables hold (computed from the CQL operations, not from our events)."""
+PostgreSQL 14; and the same changes in Avro, registered in a real schema registry (Apicurio 2.4, through its
+Confluent API) and read by Apicurio's AvroConverter. Three simulated replicas' agents and the Spark pipeline
+produce the events on a real Kafka broker (the JSON events first, then, from the same raw topic, the Avro
+ones with other handling modes: one pipeline query at a time); the PostgreSQL tables must then hold what
+the simulator's model of the writes says the Cassandra tables hold (computed from the CQL operations, not
+from our events), after a TRUNCATE and after TTL expiries too."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from cassandra import util
 
-from agent_harness import wait_until
+from agent_harness import NodeTruncations, wait_until
 from conftest import require_jvm_artifacts, start_agents
 from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import start
@@ -23,12 +26,15 @@ from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Cluster, DeletePartition, DeleteRow, Insert, Update
 
 SERVER = "sink"
+AVRO_SERVER = "sinkavro"  # the Avro events' topics: sinkavro.shop.<table>
+REGISTRY_USER, REGISTRY_PASSWORD = "cdc", "registry secret"
+APICURIO_AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 SCHEMA = """
 CREATE KEYSPACE shop WITH replication = {'class': 'SimpleStrategy', 'replication_factor': '3'};
 CREATE TABLE shop.kinds (
     id int PRIMARY KEY, name text, small int, big bigint, flag boolean, ratio double, weight float,
     price decimal, ref uuid, made timeuuid, seen timestamp, day date, at time, data blob,
-    address inet, tags list<text>, stock map<text, int>
+    address inet, tags list<text>, stock map<text, int>, tiny tinyint, short smallint, marks set<int>
 ) WITH ID = 7c3e0000-0000-4000-8000-000000000001 AND cdc = true;
 CREATE TABLE shop.orders (
     id int, line int, item text, qty int, owner text static,
@@ -47,8 +53,20 @@ CREATE TABLE shop.idmaps (id int PRIMARY KEY, v map<int, text>) WITH ID = 7c3e00
     AND cdc = true;
 CREATE TABLE shop.spans (id int PRIMARY KEY, v duration) WITH ID = 7c3e0000-0000-4000-8000-000000000008
     AND cdc = true;
+CREATE TABLE shop.notes (id int PRIMARY KEY, body text) WITH ID = 7c3e0000-0000-4000-8000-000000000009
+    AND cdc = true;
+CREATE TABLE shop.expiring (id int PRIMARY KEY, v text, n int)
+    WITH ID = 7c3e0000-0000-4000-8000-00000000000a AND cdc = true;
 """
-TABLES = ("kinds", "orders")
+TABLES = ("kinds", "orders")  # also behind ExtractNewRecordState
+TRUNCATED = "notes"  # truncated once its rows are in PostgreSQL, then written again
+EXPIRING = "expiring"
+# Seconds after the test's start when the TTLs of shop.expiring run out: after its rows have reached
+# PostgreSQL (the pipeline, the registry and the worker start within it), so that the expiries are changes
+# the sink applies.
+EXPIRY_DELAY = 150
+# The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
+AVRO_TABLES = (*TABLES, EXPIRING, "wide")
 # A table (its column v) per type the sink may not take, each with a connector of its own (a failed task
 # stops every topic of its connector): the value written, and what Debezium's JDBC sink 3.2.0 did with it on
 # PostgreSQL 14, as docs/events.md tells. Refused: the error its task fails with.
@@ -78,18 +96,31 @@ def kinds_values(index: int) -> dict[str, Any]:
             "ref": uuid.UUID(int=index, version=4), "made": util.uuid_from_time(1_700_000_000 + index),
             "seen": datetime.datetime(2024, 5, 6, 7, 8, index), "day": datetime.date(2024, 1, index),
             "at": util.Time(3_600_000_000_000 + index * 1000), "data": bytes([index, 0, 255]),
-            "address": f"10.0.0.{index}", "tags": [f"t{index}", "x"], "stock": {"red": index, "blue": -index}}
+            "address": f"10.0.0.{index}", "tags": [f"t{index}", "x"], "stock": {"red": index, "blue": -index},
+            "tiny": -index, "short": 300 * index, "marks": {index, -index, 100}}
 
 
-def operations(first_timestamp: int) -> list[Any]:
+def operations(first_timestamp: int, expiry: int) -> list[Any]:
     """Inserts, updates, a row delete and a partition delete on both tables, a static-only partition, a row
-    of each probe table; each statement a millisecond after the one before."""
+    of each probe table, rows to truncate, and TTLs: a row whose TTL ran out before the pipeline started,
+    a row and a cell whose TTLs run out at ``expiry`` (seconds); each statement a millisecond after the one
+    before."""
     timestamps = iter(range(first_timestamp, first_timestamp + 10**9, 1000))
 
     def at() -> int:
         return next(timestamps)
     statements: list[Any] = [Insert("shop.kinds", values=kinds_values(index), timestamp=at())
                              for index in range(1, 6)]
+    expiring = f"shop.{EXPIRING}"
+    statements += [Insert(expiring, values={"id": 1, "v": "gone before", "n": 1}, ttl=60, timestamp=at()),
+                   Insert(expiring, values={"id": 2, "v": "cell expires", "n": 2}, timestamp=at())]
+    written = at()  # a TTL counts from the write's own time
+    statements.append(Update(expiring, key={"id": 2}, set={"n": 20}, ttl=expiry - written // 10**6,
+                             timestamp=written))
+    written = at()
+    statements += [Insert(expiring, values={"id": 3, "v": "row expires", "n": 3},
+                          ttl=expiry - written // 10**6, timestamp=written),
+                   Insert(expiring, values={"id": 4, "v": "stays", "n": 4}, timestamp=at())]
     return statements + [
         Update("shop.kinds", key={"id": 2}, set={"name": "renamed", "price": decimal.Decimal("-0.001")},
                timestamp=at()),
@@ -106,14 +137,19 @@ def operations(first_timestamp: int) -> list[Any]:
         Update("shop.orders", key={"id": 3}, set={"owner": "static only"}, timestamp=at()),
         Update("shop.orders", key={"id": 1, "line": 2}, set={"qty": 4}, timestamp=at()),
         *[Insert(f"shop.{table}", values={"id": 1, "v": value}, timestamp=at())
-          for table, value in PROBES.items()]]
+          for table, value in PROBES.items()],
+        *[Insert(f"shop.{TRUNCATED}", values={"id": index, "body": f"before {index}"}, timestamp=at())
+          for index in range(1, 4)]]
 
 
-def in_postgresql(value: Any) -> Any:
+def in_postgresql(value: Any, decimals: Callable[[decimal.Decimal], Any] = float) -> Any:
     """A CQL value (as the DataStax driver gives it) as psycopg reads it back from the column the sink made:
-    decimal in a double precision column, time in a time column (microseconds), a map in an hstore (text)."""
+    decimal in a double precision column (``decimals``: as another handling mode makes it), time in a time
+    column (microseconds), a set in an array (in Cassandra's order), a map in an hstore (text)."""
     if isinstance(value, decimal.Decimal):
-        return float(value)
+        return decimals(value)
+    if isinstance(value, util.SortedSet):
+        return list(value)
     if isinstance(value, util.Date):
         return value.date()
     if isinstance(value, util.Time):
@@ -123,11 +159,12 @@ def in_postgresql(value: Any) -> Any:
     return value
 
 
-def expected_rows(cluster: Cluster, table: str) -> Rows:
-    """``SELECT *`` of the simulator's model of the table, less the rows of partitions with only static
+def expected_rows(cluster: Cluster, table: str,
+                  decimals: Callable[[decimal.Decimal], Any] = float) -> Rows:
+    """``SELECT *`` of the simulator's model of the table now, less the rows of partitions with only static
     values (their clustering columns are null: the pipeline skips them for JDBC sinks)."""
     rows = cluster.rows(f"shop.{table}", int(time.time()))
-    return {key: {column: in_postgresql(value) for column, value in row.items()}
+    return {key: {column: in_postgresql(value, decimals) for column, value in row.items()}
             for key, row in rows.items() if None not in key}
 
 
@@ -182,30 +219,57 @@ def wait_for_rows(connection: Any, table: str, key_columns: list[str], rows: Row
 WORKER_SETTINGS = {"consumer.isolation.level": "read_committed", "consumer.metadata.max.age.ms": 1000}
 
 
-def connectors(jdbc_url: str) -> dict[str, dict[str, str]]:
-    """The JDBC sink of docs/events.md's recipe for the tables, the same behind ExtractNewRecordState, and
-    one for each probe table."""
+def avro_converters(registry_url: str, ca_file: Path) -> dict[str, str]:
+    """The connector settings of docs/events.md's Avro recipe: Apicurio's AvroConverter for keys and values,
+    reading the Confluent wire format (a 4-byte id, which the Confluent API gives as Apicurio's content id)
+    with the schemas from ``registry_url`` (Apicurio's own API), over HTTPS with basic authentication."""
+    reading = {"apicurio.registry.url": registry_url, "apicurio.registry.as-confluent": "true",
+               "apicurio.registry.use-id": "contentId", "apicurio.auth.username": REGISTRY_USER,
+               "apicurio.auth.password": REGISTRY_PASSWORD,
+               "apicurio.rest.request.ssl.ca-bundle.location": str(ca_file)}
+    converters = {}
+    for side in ("key", "value"):
+        converters[f"{side}.converter"] = APICURIO_AVRO_CONVERTER
+        converters.update({f"{side}.converter.{name}": value for name, value in reading.items()})
+    return converters
+
+
+def connectors(jdbc_url: str, avro: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """The JDBC sink of docs/events.md's recipe for the tables, the same behind ExtractNewRecordState, one
+    for each probe table, and one for the Avro topics with the ``avro`` converters."""
     sink = {"connector.class": JDBC_SINK, "connection.url": jdbc_url, "connection.username": "postgres",
             "connection.password": "", "insert.mode": "upsert", "delete.enabled": "true",
-            "primary.key.mode": "record_key", "schema.evolution": "basic", "tasks.max": "1"}
-    topics = ",".join(f"{SERVER}.shop.{table}" for table in TABLES)
-    return {"tables": {**sink, "topics": topics},
-            "unwrapped": {**sink, "topics": topics, "collection.name.format": "unwrapped_${topic}",
+            "truncate.enabled": "true", "primary.key.mode": "record_key", "schema.evolution": "basic",
+            "tasks.max": "1"}
+    topics = [f"{SERVER}.shop.{table}" for table in TABLES]
+    return {"tables": {**sink, "topics": ",".join([*topics, *(f"{SERVER}.shop.{table}"
+                                                              for table in (TRUNCATED, EXPIRING))])},
+            "unwrapped": {**sink, "topics": ",".join(topics), "collection.name.format": "unwrapped_${topic}",
                           "transforms": "unwrap",
                           "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
                           "transforms.unwrap.add.fields": "op,source.ts_ms"},
+            "avro": {**sink, **avro,
+                     "topics": ",".join(f"{AVRO_SERVER}.shop.{table}" for table in AVRO_TABLES)},
             **{table: {**sink, "topics": f"{SERVER}.shop.{table}"} for table in PROBES}}
+
+
+def plain_decimal(value: decimal.Decimal) -> str:
+    """A decimal as ``decimal_handling_mode: string`` writes it (Java's ``toPlainString``)."""
+    return format(value, "f")
 
 
 def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, spark: Any,
                                                               tmp_path: Path) -> None:
-    """Debezium's JDBC sink (upsert, deletes, record keys, basic schema evolution) makes of the events of
-    every table the table itself, and ExtractNewRecordState's ``source.ts_ms`` is each row's write time; the
-    types it cannot take fail its task with the error docs/events.md quotes."""
-    from cassandra_cdc.localcluster import ConnectWorker, PostgresServer
-    from cassandra_cdc.localcluster.artifacts import connect_plugin_path, postgres_home
+    """Debezium's JDBC sink (upsert, deletes, truncates, record keys, basic schema evolution) makes of the
+    events of every table the table itself, from Connect JSON and from Avro through the registry, after a
+    TRUNCATE and after TTL expiries too; ExtractNewRecordState's ``source.ts_ms`` is each row's write time;
+    the types it cannot take fail its task with the error docs/events.md quotes."""
+    from cassandra_cdc.agent.truncations import Truncation, TruncationWatch
+    from cassandra_cdc.localcluster import ConnectWorker, PostgresServer, SchemaRegistryServer
+    from cassandra_cdc.localcluster.artifacts import connect_plugin_path, postgres_home, registry_application
+    from cassandra_cdc.localcluster.certificates import CertificateAuthority
 
-    require_jvm_artifacts(connect_plugin_path, postgres_home)
+    require_jvm_artifacts(connect_plugin_path, postgres_home, registry_application)
     import psycopg
     from psycopg.rows import dict_row
     from psycopg.types import TypeInfo
@@ -214,51 +278,107 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
     (tmp_path / "schema.cql").write_text(SCHEMA)
     schema = parse_schema(SCHEMA)
     cluster = Cluster(tmp_path / "cluster", schema, nodes=3, rf=3, cassandra_version="4.1")
+    expiry = int(time.time()) + EXPIRY_DELAY
     # Written an hour ago: the write time cannot be mistaken for the time the events were processed.
-    statements = operations(time.time_ns() // 1000 - 3600 * 10**6)
+    statements = operations(time.time_ns() // 1000 - 3600 * 10**6, expiry)
+    authority = CertificateAuthority.create(tmp_path / "tls")
+    certificate = authority.issue(tmp_path / "tls", "registry", hosts=["localhost", "127.0.0.1"])
     agents = start_agents(cluster, real_kafka, SERVER, tmp_path)
+    # Each node's system.local.truncated_at, which the agents read by CQL from a real node: set by the test.
+    truncated_at = [NodeTruncations(node=agent.config.node_id) for agent, _ in agents]
+    for (agent, _), node in zip(agents, truncated_at):
+        agent.truncations = TruncationWatch(agent.config, agent.positions, node)  # type: ignore[arg-type]
     pipeline = None
-    try:
-        cluster.run(statements, sync_every=5)
+
+    def published() -> None:
         cluster.close_all()
         wait_until(lambda: all(agent.metrics.registry.get_sample_value(PENDING_SEGMENTS) == 0
                                for agent, _ in agents), "the agents to publish every segment", timeout=120)
-        pipeline = start(spark, load_pipeline_config(None, {
+    try:
+        cluster.run(statements, sync_every=5)
+        published()
+        pipeline_settings = {
             "server": SERVER, "checkpoint": str(tmp_path / "checkpoint"),
             "kafka.bootstrap_servers": real_kafka.bootstrap_servers, "output.static_only_rows": "skip",
-            "spark.trigger_interval": "500 milliseconds"}))
-        with PostgresServer(tmp_path / "postgres") as postgres, \
+            "spark.trigger_interval": "500 milliseconds"}
+        pipeline = start(spark, load_pipeline_config(None, pipeline_settings))
+        with SchemaRegistryServer(tmp_path / "registry", certificate,
+                                  users={REGISTRY_USER: REGISTRY_PASSWORD}) as registry, \
+                PostgresServer(tmp_path / "postgres") as postgres, \
                 psycopg.connect(postgres.connection_string, autocommit=True,
                                 row_factory=dict_row) as connection:
             connection.execute("CREATE EXTENSION hstore")  # where the sink puts a map
             register_hstore(TypeInfo.fetch(connection, "hstore"), connection)
-            with ConnectWorker(tmp_path / "connect", real_kafka.bootstrap_servers,
-                               connectors(postgres.jdbc_url), heap="512m",
+            sinks = connectors(postgres.jdbc_url, avro_converters(registry.core_url, authority.certificate))
+            with ConnectWorker(tmp_path / "connect", real_kafka.bootstrap_servers, sinks, heap="512m",
                                worker_settings=WORKER_SETTINGS) as worker:
                 def still_working() -> None:
                     assert pipeline is not None and pipeline.exception() is None, pipeline.exception()
                     failed = {task for task in worker.failures()
-                              if task.split("/")[0] in ("tables", "unwrapped")}
+                              if task.split("/")[0] in ("tables", "unwrapped", "avro")}
                     assert not failed, worker.failure("a task failed")
+
+                def assert_rows(name: str, key_columns: list[str], rows: Rows) -> None:
+                    found = wait_for_rows(connection, name, key_columns, rows, still_working)
+                    assert found == rows, f"{name}: {differences(found, rows)}"
 
                 for table in TABLES:
                     key_columns = [c.name for c in schema.table("shop", table).primary_key]
                     expected = expected_rows(cluster, table)
                     changes = last_changes(statements, table, key_columns, expected)
-                    unwrapped = {key: {**row, "__op": changes[key][0], "__source_ts_ms": changes[key][1]}
-                                 for key, row in expected.items()}
-                    for name, rows in ((f"{SERVER}_shop_{table}", expected),
-                                       (f"unwrapped_{SERVER}_shop_{table}", unwrapped)):
-                        found = wait_for_rows(connection, name, key_columns, rows, still_working)
-                        assert found == rows, f"{name}: {differences(found, rows)}"
+                    assert_rows(f"{SERVER}_shop_{table}", key_columns, expected)
+                    assert_rows(f"unwrapped_{SERVER}_shop_{table}", key_columns,
+                                {key: {**row, "__op": changes[key][0], "__source_ts_ms": changes[key][1]}
+                                 for key, row in expected.items()})
                 for table, (_, stored) in TAKEN.items():
-                    rows = {(1,): {"id": 1, "v": stored}}
-                    name = f"{SERVER}_shop_{table}"
-                    assert wait_for_rows(connection, name, ["id"], rows, still_working) == rows, name
+                    assert_rows(f"{SERVER}_shop_{table}", ["id"], {(1,): {"id": 1, "v": stored}})
                 for table, (_, error) in REFUSED.items():
                     trace = wait_until(lambda: worker.failures().get(f"{table}/0"),
                                        f"the task of {table} to fail", timeout=60, step=0.5)
                     assert error in trace, trace
+
+                # TRUNCATE: the table is emptied, and what is written after it lands.
+                notes = f"{SERVER}_shop_{TRUNCATED}"
+                assert_rows(notes, ["id"], expected_rows(cluster, TRUNCATED))
+                truncation_ms = time.time_ns() // 10**6
+                for node in truncated_at:
+                    # Covering every write so far: a segment id no node has reached (ids are start times).
+                    node.truncations = [Truncation(schema.table("shop", TRUNCATED).id, truncation_ms, 0,
+                                                   truncation_ms)]
+                assert_rows(notes, ["id"], {})
+                later = [Insert(f"shop.{TRUNCATED}", values={"id": index, "body": f"after {index}"},
+                                timestamp=(truncation_ms + 1000 + index) * 1000) for index in (1, 4)]
+                cluster.run(later, sync_every=5)
+                published()
+                assert_rows(notes, ["id"], {(index,): {"id": index, "body": f"after {index}"}
+                                            for index in (1, 4)})
+
+                # TTLs: the expired cell and row are gone (and the row whose TTL ran out before the
+                # pipeline started never came).
+                time.sleep(max(0.0, expiry + 1 - time.time()))
+                expired = expected_rows(cluster, EXPIRING)
+                assert 3 not in {key[0] for key in expired} and expired[(2,)]["n"] is None, expired
+                assert_rows(f"{SERVER}_shop_{EXPIRING}", ["id"], expired)
+
+                # Avro through the registry, with the string handling modes for decimal and varint: the same
+                # raw records again, through a second pipeline (one query runs at a time).
+                pipeline.stop()
+                pipeline = start(spark, load_pipeline_config(None, {
+                    **pipeline_settings, "server": AVRO_SERVER,
+                    "checkpoint": str(tmp_path / "avro-checkpoint"), "kafka.raw_topic": f"{SERVER}.raw",
+                    "kafka.schema_topic": SERVER, "output.format": "avro",
+                    "output.decimal_handling_mode": "string", "output.varint_handling_mode": "string",
+                    "output.schema_registry.url": registry.url,
+                    "output.schema_registry.ca_file": str(authority.certificate),
+                    "output.schema_registry.username": REGISTRY_USER,
+                    "output.schema_registry.password": REGISTRY_PASSWORD}))
+                for table in (*TABLES, EXPIRING):
+                    key_columns = [c.name for c in schema.table("shop", table).primary_key]
+                    assert_rows(f"{AVRO_SERVER}_shop_{table}", key_columns,
+                                expected_rows(cluster, table, plain_decimal))
+                wide = str(PROBES["wide"])
+                assert_rows(f"{AVRO_SERVER}_shop_wide", ["id"], {(1,): {"id": 1, "v": wide}})
+
     finally:
         if pipeline is not None:
             pipeline.stop()

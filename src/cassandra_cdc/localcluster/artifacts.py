@@ -8,6 +8,8 @@
     .jvm/lib/connect/       Kafka Connect 4.3 (the standalone worker, JsonConverter): the events' consumers
     .jvm/lib/connect-plugins/debezium-jdbc/
                             Debezium's JDBC sink connector and ExtractNewRecordState (a Connect plugin)
+    .jvm/lib/connect-plugins/apicurio-converter/
+                            Apicurio Registry's AvroConverter (a Connect plugin)
     .jvm/lib/postgres/      a PostgreSQL server build (zonky's, linux-amd64), unpacked in ``server/``
 
 and builds a schema registry application (Apicurio, ``jvm/registry``) into ``.jvm/lib/registry/``.
@@ -35,11 +37,13 @@ SPARK_KAFKA = "spark-kafka"
 CONNECT = "connect"
 CONNECT_PLUGINS = "connect-plugins"
 DEBEZIUM_JDBC = f"{CONNECT_PLUGINS}/debezium-jdbc"
+APICURIO_CONVERTER = f"{CONNECT_PLUGINS}/apicurio-converter"
 POSTGRES = "postgres"
 
 # What each classpath directory must hold for the programs started from it.
 _REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
                  CONNECT: "connect-runtime-", DEBEZIUM_JDBC: "debezium-connector-jdbc-",
+                 APICURIO_CONVERTER: "apicurio-registry-utils-converter-",
                  POSTGRES: "embedded-postgres-binaries-"}
 
 # The version a jar's file name ends with (Maven's <artifactId>-<version>[-classifier].jar); a classifier
@@ -57,7 +61,7 @@ def lib_directory() -> Path:
 
 def jars(name: str) -> list[Path]:
     """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``,
-    ``DEBEZIUM_JDBC``, ``POSTGRES``), sorted by name."""
+    ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``), sorted by name."""
     directory = lib_directory() / name
     found = sorted(directory.glob("*.jar"))
     if not any(jar.name.startswith(_REQUIRED_JAR[name]) for jar in found):
@@ -80,8 +84,10 @@ def registry_application() -> Path:
 
 
 def connect_plugin_path() -> Path:
-    """The directory of Kafka Connect plugins (a worker's ``plugin.path``), checked to hold Debezium's."""
+    """The directory of Kafka Connect plugins (a worker's ``plugin.path``), checked to hold Debezium's JDBC
+    sink and Apicurio's AvroConverter."""
     jars(DEBEZIUM_JDBC)
+    jars(APICURIO_CONVERTER)
     return lib_directory() / CONNECT_PLUGINS
 
 

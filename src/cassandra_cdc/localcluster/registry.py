@@ -26,8 +26,10 @@ from ..simulator.broker import free_port
 
 log = logging.getLogger(__name__)
 
-# Where Apicurio serves the Confluent schema registry API (version 7 of it).
+# Where Apicurio serves the Confluent schema registry API (version 7 of it), and its own API, which its
+# Kafka Connect converters use.
 CONFLUENT_API = "/apis/ccompat/v7"
+CORE_API = "/apis/registry/v2"
 
 
 class SchemaRegistryServer(JvmService):
@@ -64,6 +66,11 @@ class SchemaRegistryServer(JvmService):
     def url(self) -> str:
         """The Confluent API's URL, as a client's ``url`` setting takes it (by name: the certificate's)."""
         return f"https://localhost:{self.port}{CONFLUENT_API}"
+
+    @property
+    def core_url(self) -> str:
+        """Apicurio's own API's URL, as its converters' ``apicurio.registry.url`` setting takes it."""
+        return f"https://localhost:{self.port}{CORE_API}"
 
     def start(self) -> float:
         """Start the registry and wait until it listens; returns the seconds it took."""
