@@ -86,7 +86,9 @@ class HeartbeatEncoder:
 
 class Heartbeats:
     """Writes a heartbeat every ``output.heartbeat_interval_ms`` while ``query`` is active, from a daemon
-    thread of the driver; a heartbeat that cannot be written is logged, and the next one tried."""
+    thread of the driver; a heartbeat Kafka does not acknowledge is logged, and the next one tried (if the
+    topic cannot be created at the start, the thread ends with that error: the query goes on without
+    heartbeats)."""
 
     def __init__(self, config: PipelineConfig, sink: SinkSettings, query: StreamingQuery) -> None:
         self._interval = config.output.heartbeat_interval_ms / 1000
