@@ -18,9 +18,9 @@ from typing import Any, Callable, Mapping
 
 from cassandra import util
 
-from agent_harness import NodeTruncations, wait_until
+from agent_harness import NodeTruncations, TopicReader, wait_until
 from conftest import require_jvm_artifacts, start_agents
-from cassandra_cdc.pipeline.pipeline_config import load_config as load_pipeline_config
+from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings, load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import start
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Cluster, DeletePartition, DeleteRow, Insert, Update
@@ -253,6 +253,25 @@ def connectors(jdbc_url: str, avro: Mapping[str, str]) -> dict[str, dict[str, st
             **{table: {**sink, "topics": f"{SERVER}.shop.{table}"} for table in PROBES}}
 
 
+def avro_heartbeat(broker: Any, registry_settings: dict[str, str]) -> tuple[Any, Any]:
+    """The key and value of the Avro pipeline's first heartbeat, decoded with the schemas the registry
+    gives for their ids."""
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic = f"__debezium-heartbeat.{AVRO_SERVER}"
+    reader = TopicReader(broker, topic)
+    try:
+        wait_until(lambda: reader.poll() >= 0 and reader.messages, "an Avro heartbeat", timeout=60)
+    finally:
+        reader.consumer.close()
+    decode = AvroDeserializer(SchemaRegistryClient(registry_settings))
+    message = reader.messages[0]
+    return (decode(message.key(), SerializationContext(topic, MessageField.KEY)),
+            decode(message.value(), SerializationContext(topic, MessageField.VALUE)))
+
+
 def plain_decimal(value: decimal.Decimal) -> str:
     """A decimal as ``decimal_handling_mode: string`` writes it (Java's ``toPlainString``)."""
     return format(value, "f")
@@ -363,6 +382,7 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                 # Avro through the registry, with the string handling modes for decimal and varint: the same
                 # raw records again, through a second pipeline (one query runs at a time).
                 pipeline.stop()
+                avro_started_ms = time.time_ns() // 10**6
                 pipeline = start(spark, load_pipeline_config(None, {
                     **pipeline_settings, "server": AVRO_SERVER,
                     "checkpoint": str(tmp_path / "avro-checkpoint"), "kafka.raw_topic": f"{SERVER}.raw",
@@ -371,7 +391,8 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                     "output.schema_registry.url": registry.url,
                     "output.schema_registry.ca_file": str(authority.certificate),
                     "output.schema_registry.username": REGISTRY_USER,
-                    "output.schema_registry.password": REGISTRY_PASSWORD}))
+                    "output.schema_registry.password": REGISTRY_PASSWORD,
+                    "output.heartbeat_interval_ms": 1000}))
                 for table in (*TABLES, EXPIRING):
                     key_columns = [c.name for c in schema.table("shop", table).primary_key]
                     assert_rows(f"{AVRO_SERVER}_shop_{table}", key_columns,
@@ -379,6 +400,12 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                 wide = str(PROBES["wide"])
                 assert_rows(f"{AVRO_SERVER}_shop_wide", ["id"], {(1,): {"id": 1, "v": wide}})
 
+                # The heartbeats in Avro, registered there too.
+                key, value = avro_heartbeat(real_kafka, SchemaRegistrySettings(
+                    url=registry.url, username=REGISTRY_USER, password=REGISTRY_PASSWORD,
+                    ca_file=authority.certificate).client_settings())
+                assert key == {"serverName": AVRO_SERVER}, key
+                assert avro_started_ms <= value["ts_ms"] <= time.time_ns() // 10**6, value
     finally:
         if pipeline is not None:
             pipeline.stop()
