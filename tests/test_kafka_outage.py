@@ -8,8 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from confluent_kafka import Producer
 
+from cassandra_cdc.kafka.outage import names_unreachable_kafka
 from cassandra_cdc.kafka.raw_records import RawRecord, record_key
 from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.simulator import Insert, to_mutation
@@ -45,6 +47,24 @@ def inserts(schema: Any, ids: range, now: int) -> list[tuple[bytes, bytes]]:
 
 def event_ids(bootstrap_servers: str, topic: str) -> list[int]:
     return sorted(event["payload"]["after"]["id"] for event in read_all(bootstrap_servers, topic))
+
+
+@pytest.mark.parametrize("failure, kafka_away", [
+    # The query failures seen while the broker was stopped, as StreamingQueryException texts end.
+    ("cassandra_cdc.kafka.consume.KafkaSourceError: cdc-kafka: cannot get the offsets of topic "
+     'outage-mid.raw: KafkaError{code=_TRANSPORT,val=-195,str="Failed to get metadata: Local: Broker '
+     'transport failure"}', True),
+    ("cassandra_cdc.pipeline.event_sink.SinkError: starting batch 2 partition 0 in Kafka transaction "
+     'cassandra-cdc-0 failed: KafkaError{code=_UNKNOWN_PARTITION,val=-190,str="Failed to get watermark '
+     'offsets: Local: Unknown partition"}', True),
+    ("org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired before the position for "
+     "partition outage.raw-0 could be determined", True),
+    # Not Kafka's absence: the pipeline stops on them as before.
+    ("org.apache.spark.SparkException: Python worker failed to connect back.", False),
+    ('KafkaError{code=TOPIC_AUTHORIZATION_FAILED,val=29,str="Broker: Topic authorization failed"}', False),
+])
+def test_which_query_failures_name_kafka_out_of_reach(failure: str, kafka_away: bool) -> None:
+    assert names_unreachable_kafka(failure) is kafka_away
 
 
 def test_the_pipeline_started_while_kafka_is_down_waits_for_it(real_kafka: Any, tmp_path: Path) -> None:

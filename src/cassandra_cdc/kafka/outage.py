@@ -13,11 +13,14 @@ from confluent_kafka import KafkaError, KafkaException
 UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
                          KafkaError._RESOLVE})
 # The same in the text of a failure that crossed process boundaries (a Spark task's Python or Java error):
-# librdkafka's codes as confluent-kafka prints them, and the Java client's exceptions for a broker away.
+# librdkafka's codes as confluent-kafka prints them, and the Java client's exceptions for a broker away. With
+# them, what a broker that has just restarted answers for a while (partitions without a leader yet, a
+# transaction the restart aborted that fences its producer: the replay registers the id again).
 _UNREACHABLE_TEXT = re.compile(
     r"code=(_TRANSPORT|_TIMED_OUT|_ALL_BROKERS_DOWN|_RESOLVE|_MSG_TIMED_OUT|_TIMED_OUT_QUEUE|"
     r"COORDINATOR_NOT_AVAILABLE|NOT_COORDINATOR|COORDINATOR_LOAD_IN_PROGRESS|NOT_ENOUGH_REPLICAS|"
-    r"LEADER_NOT_AVAILABLE|NOT_LEADER_OR_FOLLOWER|REQUEST_TIMED_OUT|NETWORK_EXCEPTION)"
+    r"LEADER_NOT_AVAILABLE|NOT_LEADER_OR_FOLLOWER|REQUEST_TIMED_OUT|NETWORK_EXCEPTION|_UNKNOWN_PARTITION|"
+    r"_FENCED|PRODUCER_FENCED|INVALID_PRODUCER_EPOCH|CONCURRENT_TRANSACTIONS)"
     r"|org\.apache\.kafka\.common\.errors\.(TimeoutException|DisconnectException|NetworkException)"
     r"|Cannot fetch record for offset")
 
