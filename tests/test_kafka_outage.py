@@ -57,6 +57,9 @@ def event_ids(bootstrap_servers: str, topic: str) -> list[int]:
     ("cassandra_cdc.pipeline.event_sink.SinkError: starting batch 2 partition 0 in Kafka transaction "
      'cassandra-cdc-0 failed: KafkaError{code=_UNKNOWN_PARTITION,val=-190,str="Failed to get watermark '
      'offsets: Local: Unknown partition"}', True),
+    # The driver's own metadata requests right after the broker came back.
+    ('KafkaError{code=NOT_LEADER_FOR_PARTITION,val=6,str="Failed to get watermark offsets: Broker: Not '
+     'leader for partition"}', True),
     ("org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired before the position for "
      "partition outage.raw-0 could be determined", True),
     # Not Kafka's absence: the pipeline stops on them as before.

@@ -27,7 +27,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ..agent.agent_metrics import LatencyHistogram
 from ..kafka.admin import admin_settings
-from ..kafka.outage import unreachable
+from ..kafka.outage import names_unreachable_kafka
 from ..kafka.security import LibrdkafkaLog
 from ..observability import component_registry
 from .pipeline_config import PipelineConfig
@@ -157,8 +157,9 @@ class PipelineMetrics:
             self.behind.labels(str(partition)).set(max(0, end - self._read_to.get(partition, 0)))
 
     def _unmeasured(self, what: str, error: KafkaException) -> None:
-        # Kafka out of reach is said once by the driver (streaming_job.run), not at every refresh.
-        level = logging.DEBUG if unreachable(error) else logging.WARNING
+        # Kafka out of reach (or just back) is said once by the driver (streaming_job.run), not at every
+        # refresh.
+        level = logging.DEBUG if names_unreachable_kafka(str(error)) else logging.WARNING
         log.log(level, "cannot measure how far behind the pipeline is: cannot read %s", what)
 
 
