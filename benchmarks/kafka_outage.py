@@ -181,6 +181,8 @@ def main() -> None:
                 # Stopped mid-stream: once the pipeline has written events (Spark takes a while to start).
                 deadline = time.monotonic() + 600
                 while not committed_ids(broker.bootstrap_servers) and time.monotonic() < deadline:
+                    if pipeline.poll() is not None:
+                        sys.exit(f"the pipeline exited before the outage: see {pipeline_log}")
                     time.sleep(2)
                 outage_start = time.monotonic()
                 broker.stop()
