@@ -6,8 +6,11 @@ environment) checked and never shown, ``local_dc`` used and checked."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -18,6 +21,7 @@ from cassandra_cdc.agent.agent_config import AgentConfig, CassandraSchemaSource,
 from cassandra_cdc.agent.tables import TableRegistry, cql_cluster
 from cassandra_cdc.localcluster.certificates import CertificateAuthority, IssuedCertificate
 from cassandra_cdc.schema.system_schema import fetch_schema
+from cassandra_cdc.simulator.broker import free_port
 from conftest import require_jvm_artifacts
 
 CLI = str(Path(sys.executable).with_name("cassandra-cdc"))
@@ -166,3 +170,84 @@ def test_a_wrong_cql_password_is_one_clear_line(tls_cassandra: TlsNode, tmp_path
     assert_one_line(output, status, "error: schema.cassandra: the nodes refused the login of user cdc_agent",
                     "check schema.cassandra.username and schema.cassandra.password (or password_file)")
     assert "Bad credentials" in output and wrong not in output, output
+
+
+class PortForward:
+    """A loopback port that forwards each connection to ``target_port`` once started: a node's native port
+    coming up where the agent looks for it."""
+
+    def __init__(self, target_port: int) -> None:
+        self.port = free_port("127.0.0.1")
+        self._target_port = target_port
+        self._server: socket.socket | None = None
+
+    def start(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self._server,), daemon=True).start()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", self._target_port))
+            for source, sink in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, sink), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            sink.close()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+def test_the_agent_started_while_its_node_is_unreachable_waits_for_it(tls_cassandra: TlsNode,
+                                                                       tmp_path: Path) -> None:
+    """Connections refused: one line saying the agent waits, no exit; once the node answers, it goes on."""
+    forward = PortForward(tls_cassandra.cluster.native_port)
+    settings = agent_settings(tls_cassandra, tmp_path, tls=tls_cassandra.tls(), username=AGENT_USER,
+                              password=AGENT_PASSWORD)
+    settings["schema"]["cassandra"]["port"] = forward.port
+    settings["metrics"] = {"port": 0}
+    config_file = tmp_path / "agent.yaml"
+    config_file.write_text(yaml.safe_dump(settings))
+    log_file = tmp_path / "agent.log"
+    with log_file.open("wb") as output:
+        agent = subprocess.Popen([CLI, "agent", "--config", str(config_file)], stdout=output,
+                                 stderr=subprocess.STDOUT)
+
+    def lines(text: str) -> list[str]:
+        return [line for line in log_file.read_text().splitlines() if text in line]
+
+    try:
+        assert wait_until(lambda: lines("the agent waits for a node to answer"), 60), log_file.read_text()
+        time.sleep(5)  # more attempts, refused too
+        assert agent.poll() is None, log_file.read_text()
+        forward.start()
+        assert wait_until(lambda: lines("schema read"), 60), log_file.read_text()
+        assert wait_until(lambda: lines("publishing"), 10), log_file.read_text()
+        assert agent.poll() is None, log_file.read_text()
+        waiting = lines("the agent waits for a node to answer")
+        assert len(waiting) == 1, waiting
+        assert f"cannot read the schema from 127.0.0.1 port {forward.port}" in waiting[0]
+        assert "Connection refused" in waiting[0] and "Traceback" not in log_file.read_text()
+    finally:
+        agent.terminate()
+        agent.wait(60)
+        forward.stop()
+
+
+def wait_until(predicate: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (result := predicate()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return result

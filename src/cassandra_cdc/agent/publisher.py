@@ -13,17 +13,18 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from ..kafka.admin import admin_settings, create_missing_topics
+from ..kafka.admin import admin_settings, create_missing_topics, grow_if_empty
 from ..kafka.security import LibrdkafkaLog, LoginCheck
 from ..settings import ConfigError
 
 log = logging.getLogger(__name__)
 Acknowledge = Callable[[KafkaError | None, Message], None]
+T = TypeVar("T")
 
 
 class DeliveryFailed(RuntimeError):
@@ -80,11 +81,20 @@ class Publisher:
         """Create missing topics: name -> (partitions, compacted). Existing topics are left as they are.
 
         Raises ``ConfigError`` when the brokers refuse the agent's login or TLS (kafka.security)."""
+        self._administer(lambda admin: create_missing_topics(admin, topics, timeout))
+
+    def grow_if_empty(self, topic: str, partitions: int, timeout: float = 30.0) -> tuple[int, bool]:
+        """``kafka.admin.grow_if_empty`` with the agent's admin client; a ``ConfigError`` as in
+        ``ensure_topics``."""
+        return self._administer(lambda admin: grow_if_empty(admin, topic, partitions, timeout))
+
+    def _administer(self, request: Callable[[AdminClient], T]) -> T:
+        """``request`` with the admin client; a ``ConfigError`` when the brokers refuse its login or TLS."""
         if self._admin is None:
             self._admin = AdminClient(self._admin_settings)
         self._admin.poll(0)  # serves its log
         try:
-            create_missing_topics(self._admin, topics, timeout)
+            return request(self._admin)
         except KafkaException:
             refused = self._login.refusal(self._admin, self.bootstrap_servers)
             if refused is not None:

@@ -35,6 +35,8 @@ _DRIVER_CONNECTION_LOGGERS = ("cassandra.cluster", "cassandra.connection", "cass
 # A table id given up on (unknown for longer than unknown_table_wait_seconds) is looked up again at most this
 # often.
 RELOAD_INTERVAL_SECONDS = 10.0
+# While no node answers the first schema read, it is tried again this often.
+UNREACHABLE_RETRY_SECONDS = 2.0
 # While a mutation of an unknown table holds reading back, the schema is reloaded this often.
 AWAIT_RELOAD_SECONDS = 1.0
 # A changed schema file is read once it has stayed unchanged this long: an editor or a copy may still be
@@ -54,7 +56,25 @@ class TableRegistry:
         # Per table id (its 16 bytes), for the schema loaded: what the per-record path needs of the table.
         self._routes: dict[bytes, Route] = {}
         self.schema = Schema()
-        self.reload()
+        self._first_load()
+
+    def _first_load(self) -> None:
+        """Load the schema, waiting while no node of the cluster answers (a refusal of the agent's login or
+        TLS is an error at once): one line when the wait starts, one when it ends."""
+        since: float | None = None
+        while True:
+            try:
+                self.reload()
+            except CassandraUnreachable as error:
+                if since is None:
+                    since = time.monotonic()
+                    log.warning("%s; the agent waits for a node to answer (trying every %.0f s)", error,
+                                UNREACHABLE_RETRY_SECONDS)
+                time.sleep(UNREACHABLE_RETRY_SECONDS)
+                continue
+            if since is not None:
+                log.info("the cluster answered after %.0f s: schema read", time.monotonic() - since)
+            return
 
     def reload(self) -> None:
         self._stamp = self._file_stamp()
@@ -206,7 +226,8 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
             try:
                 return fetch_schema(cluster.connect())
             except (NoHostAvailable, DriverException, OSError) as error:
-                raise ConfigError(_schema_read_failure(settings, nodes, error)) from None
+                failure = CassandraUnreachable if _nodes_unreachable(error) else ConfigError
+                raise failure(_schema_read_failure(settings, nodes, error)) from None
             finally:
                 cluster.shutdown()
 
@@ -245,6 +266,22 @@ def _schema_read_failure(settings: CassandraSchemaSource, nodes: str, error: Exc
                 "schema.cassandra.username and schema.cassandra.password (or password_file)")
     reason = "; ".join(f"{host}: {problem}" for host, problem in reasons.items()) or str(error)
     return f"schema.cassandra: cannot read the schema from {nodes} port {settings.port}: {reason}"
+
+
+class CassandraUnreachable(ConfigError):
+    """No node answered (connections refused or timed out): not a refusal of the agent's login or TLS."""
+
+
+def _nodes_unreachable(error: Exception) -> bool:
+    """Whether no node answered the agent at all, as opposed to refusing it (TLS, login)."""
+    from cassandra import AuthenticationFailed, OperationTimedOut
+    from cassandra.connection import ConnectionException
+
+    reasons = getattr(error, "errors", None)
+    problems = list(reasons.values()) if isinstance(reasons, dict) and reasons else [error]
+    return all(isinstance(problem, (OSError, ConnectionException, OperationTimedOut))
+               and not isinstance(problem, AuthenticationFailed)
+               and not _node_not_trusted(problem) and not _handshake_refused(problem) for problem in problems)
 
 
 def _reasons(reasons: dict[Any, Exception], kind: Callable[[Exception], bool]) -> str:

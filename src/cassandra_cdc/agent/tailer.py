@@ -24,13 +24,14 @@ from collections import defaultdict
 from functools import partial
 from typing import cast
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
 from ..commitlog import Damage, SegmentReader
 from ..commitlog.segment_errors import CommitLogError, DescriptorError
 from ..storage import MutationDecodeError, UnknownTableError
 from ..commitlog.mutation import split_partition_updates
 from ..commitlog.segment_reader import DamageKind, Entry
+from ..kafka.outage import unreachable
 from ..kafka.raw_records import TruncationRecord, encode_update
 from ..observability import serve_metrics
 from .cdc_raw import CdcSegment, ChangeNotifier, list_segments
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 SHUTDOWN_FLUSH_SECONDS = 30.0
 # At startup, one attempt to reach Kafka (list and create topics) lasts this long; then it is tried again.
 STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
-# Errors that mean Kafka cannot be reached (yet): wait for it, as while publishing.
-UNREACHABLE = {KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE}
 SPACE_CHECK_SECONDS = 1.0
 # While a segment is read, every this many entries (a few milliseconds): a checkpoint, the housekeeping (serving
 # Kafka's delivery reports, saving positions every ``state_flush_ms``) and the check for a stop. librdkafka frees
@@ -196,8 +195,9 @@ class Agent:
                     self.config.schema_topic: (1, True),
                     self.config.errors_topic: (1, False),
                 }, timeout=STARTUP_KAFKA_TIMEOUT_SECONDS)
+                self._check_raw_partitions()
             except KafkaException as error:
-                if error.args[0].code() not in UNREACHABLE:
+                if not unreachable(error):
                     raise
                 if not waiting:
                     waiting = True
@@ -209,6 +209,25 @@ class Agent:
                 self._kafka_reachability(True)
             return True
         return False
+
+    def _check_raw_partitions(self) -> None:
+        """A raw topic with fewer partitions than kafka.raw_topic_partitions (a broker that auto-creates topics
+        made it when a client asked for its metadata first): grown while it holds no record; else left, and
+        said."""
+        topic, wanted = self.config.raw_topic, self.config.kafka.raw_topic_partitions
+        had, grown = self.publisher.grow_if_empty(topic, wanted, STARTUP_KAFKA_TIMEOUT_SECONDS)
+        if had >= wanted:
+            return
+        if grown:
+            log.warning("the raw topic %s had %d partition(s), fewer than kafka.raw_topic_partitions (%d): "
+                        "something else created it (a broker with auto.create.topics.enable creates a topic a "
+                        "client asks about); it held no record, so it now has %d", topic, had, wanted, wanted)
+        else:
+            log.warning("the raw topic %s has %d partition(s), fewer than kafka.raw_topic_partitions (%d), "
+                        "and holds records: it is left as it is (the pipeline's state is grouped by raw "
+                        "partition), and the agents publish to its %d partition(s); to have %d, recreate the "
+                        "topic before any record (and start the pipeline on a new checkpoint), or set "
+                        "auto.create.topics.enable=false on the brokers", topic, had, wanted, had, wanted)
 
     def _check_acknowledged_records(self) -> None:
         """Compare the offsets Kafka acknowledged before with where the raw topic's partitions end: LostRecords

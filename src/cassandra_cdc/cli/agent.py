@@ -61,6 +61,8 @@ def agent(
     except (ConfigError, ValueError, OSError) as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2)
+    except KeyboardInterrupt:  # while waiting for the cluster to answer: nothing was read yet
+        raise typer.Exit(130)
     # What startup made (modules, settings, schema: tens of thousands of objects) lives as long as the process:
     # frozen, the cyclic garbage collector's full collections walk only what came since.
     gc.collect()

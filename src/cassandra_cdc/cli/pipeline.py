@@ -36,8 +36,9 @@ def pipeline(
     Configure with a YAML file (see docs/pipeline.md) or the flags, which override it. The same job
     runs under spark-submit (see docs/pipeline.md). Stops cleanly on Ctrl-C or after --duration.
     """
+    from ..kafka.security import KafkaUnreachable
     from ..pipeline.pipeline_config import load_config
-    from ..pipeline.streaming_job import check_checkpoint, run
+    from ..pipeline.streaming_job import KAFKA_PROBE_TIMEOUT, check_checkpoint, run
 
     configure_logging(log_level.value, log_format.value)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
@@ -45,7 +46,10 @@ def pipeline(
                  "reset_checkpoint": reset_checkpoint or None}  # None: as the file says
     try:
         settings = load_config(config, overrides)
-        check_checkpoint(settings)
+        try:
+            check_checkpoint(settings, kafka_timeout=KAFKA_PROBE_TIMEOUT)
+        except KafkaUnreachable:
+            pass  # ``run`` waits for Kafka, then checks
         status = run(settings, duration)  # checks a checkpoint outside this host once Spark runs
     except ConfigError as error:
         typer.echo(f"error: {error}", err=True)

@@ -8,7 +8,7 @@ import time
 from typing import Any, Mapping
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic, OffsetSpec
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,32 @@ def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bo
         log.info("created topic %s (%d partition(s)%s)", name, partitions, ", compacted" if compacted else "")
 
 
+def grow_if_empty(admin: AdminClient, topic: str, partitions: int, timeout: float) -> tuple[int, bool]:
+    """Give ``topic`` ``partitions`` partitions if it has fewer and holds no record yet (every partition's
+    high watermark 0): records already there keep the partitions their keys chose. Returns how many partitions it
+    had and whether it has ``partitions`` now. Raises ``KafkaException`` when Kafka does not answer,
+    ``TopicCreationFailed`` when it refuses to add the partitions."""
+    metadata = admin.list_topics(topic, timeout=timeout).topics[topic]
+    if metadata.error is not None:
+        raise KafkaException(metadata.error)
+    count = len(metadata.partitions)
+    if count >= partitions:
+        return count, True
+    ends = admin.list_offsets({TopicPartition(topic, partition): OffsetSpec.latest()
+                               for partition in metadata.partitions}, request_timeout=timeout)
+    if any(future.result().offset > 0 for future in ends.values()):
+        return count, False
+    try:
+        admin.create_partitions([NewPartitions(topic, partitions)], request_timeout=timeout)[topic].result()
+    except KafkaException as error:
+        # Another agent grew it meanwhile: as many partitions as asked, or it says why not.
+        if error.args[0].code() != KafkaError.INVALID_PARTITIONS:
+            raise TopicCreationFailed(topic, error.args[0]) from None
+        return grow_if_empty(admin, topic, partitions, timeout)
+    _wait_for_leaders(admin, topic, partitions, timeout)
+    return count, True
+
+
 def _wait_for_leaders(admin: AdminClient, topic: str, partitions: int | None, timeout: float) -> None:
     """Return once the metadata names a leader for each of the ``partitions`` of ``topic`` (None: each one
     it lists) and each leader answers an offset request; raise ``TopicCreationFailed`` after ``timeout``."""
@@ -101,4 +127,4 @@ def _partition_not_ready(admin: AdminClient, topic: str, partitions: int | None,
     return None
 
 
-__all__ = ["TopicCreationFailed", "admin_client", "admin_settings", "create_missing_topics"]
+__all__ = ["TopicCreationFailed", "admin_client", "admin_settings", "create_missing_topics", "grow_if_empty"]

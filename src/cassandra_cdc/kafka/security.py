@@ -205,7 +205,7 @@ def broker_metadata(client_settings: dict[str, Any], bootstrap_servers: str, tim
                     topic: str | None = None) -> Any:
     """The brokers' metadata (of ``topic`` alone if given), asked by an admin client that reaches them as a
     client with ``client_settings`` does. A ``ConfigError`` with one line when they refuse its login or TLS,
-    or do not answer."""
+    ``KafkaUnreachable`` (a ``ConfigError`` too) when they do not answer."""
     from confluent_kafka.admin import AdminClient
 
     from .admin import admin_settings
@@ -215,7 +215,15 @@ def broker_metadata(client_settings: dict[str, Any], bootstrap_servers: str, tim
     try:
         return admin.list_topics(topic, timeout=timeout)
     except KafkaException as error:
-        raise ConfigError(login.explain(admin, bootstrap_servers, error)) from None
+        explained = login.explain(admin, bootstrap_servers, error)
+        if login.failure is not None:
+            raise ConfigError(explained) from None
+        raise KafkaUnreachable(explained) from None
 
 
-__all__ = ["KafkaConnection", "KafkaSecurity", "LibrdkafkaLog", "LoginCheck", "broker_metadata"]
+class KafkaUnreachable(ConfigError):
+    """The brokers did not answer (not a refusal): a component that can wait for them waits."""
+
+
+__all__ = ["KafkaConnection", "KafkaSecurity", "KafkaUnreachable", "LibrdkafkaLog", "LoginCheck",
+           "broker_metadata"]

@@ -27,6 +27,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from ..agent.agent_metrics import LatencyHistogram
 from ..kafka.admin import admin_settings
+from ..kafka.outage import names_unreachable_kafka
+from ..kafka.security import LibrdkafkaLog
 from ..observability import component_registry
 from .pipeline_config import PipelineConfig
 
@@ -98,7 +100,9 @@ class PipelineMetrics:
         # Only asks where partitions end: never joins a group nor commits.
         self._consumer_settings = {**admin_settings({"bootstrap.servers": config.kafka.bootstrap_servers,
                                                      **config.kafka.consumer}),
-                                   "group.id": "cassandra-cdc-metrics", "enable.auto.commit": False}
+                                   "group.id": "cassandra-cdc-metrics", "enable.auto.commit": False,
+                                   # Its retries while Kafka is away are no news: the driver says it once.
+                                   "logger": LibrdkafkaLog()}
         self._consumer: Consumer | None = None
         self._last_batch = -1
         self._read_to: dict[int, int] = {}  # per raw partition: the offset the last micro-batch read to
@@ -139,7 +143,7 @@ class PipelineMetrics:
                 self._consumer = Consumer(self._consumer_settings)
             metadata = self._consumer.list_topics(self._topic, timeout=KAFKA_TIMEOUT).topics[self._topic]
         except KafkaException as error:  # the gauges keep their last values; the query reports what matters
-            self._unmeasured(f"the raw topic's partitions: {error}")
+            self._unmeasured(f"the raw topic's partitions: {error}", error)
             return
         if metadata.error is not None:
             return  # no raw topic yet: nothing behind
@@ -148,12 +152,15 @@ class PipelineMetrics:
                 _, end = self._consumer.get_watermark_offsets(TopicPartition(self._topic, partition),
                                                               timeout=KAFKA_TIMEOUT, cached=False)
             except KafkaException as error:
-                self._unmeasured(f"where raw partition {partition} ends: {error}")
+                self._unmeasured(f"where raw partition {partition} ends: {error}", error)
                 continue
             self.behind.labels(str(partition)).set(max(0, end - self._read_to.get(partition, 0)))
 
-    def _unmeasured(self, what: str) -> None:
-        log.warning("cannot measure how far behind the pipeline is: cannot read %s", what)
+    def _unmeasured(self, what: str, error: KafkaException) -> None:
+        # Kafka out of reach (or just back) is said once by the driver (streaming_job.run), not at every
+        # refresh.
+        level = logging.DEBUG if names_unreachable_kafka(str(error)) else logging.WARNING
+        log.log(level, "cannot measure how far behind the pipeline is: cannot read %s", what)
 
 
 def _partition_offsets(end_offset: Any, topic: str) -> dict[int, int]:

@@ -15,11 +15,13 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException
 from pyspark import Accumulator
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from ..kafka.security import broker_metadata
+from ..kafka.outage import KafkaOutage, names_unreachable_kafka, unreachable
+from ..kafka.security import KafkaUnreachable, broker_metadata
 from ..observability import serve_metrics
 from .checkpoint_files import CheckpointFiles, checkpoint_files
 from .pipeline_config import ConfigError, PipelineConfig
@@ -47,7 +49,12 @@ def read_raw(spark: SparkSession, config: PipelineConfig) -> tuple[DataFrame, So
     builtin = kafka.source == "kafka" or (kafka.source == "auto" and kafka_format_available(spark))
     # Spark's source is the Java client, ours librdkafka: each takes its own client's settings, prefixed.
     client = kafka.java_client(kafka.consumer) if builtin else kafka.librdkafka(kafka.consumer)
+    # failOnDataLoss stays true (both sources' default), deliberately: with false, offsets a source cannot
+    # find (a broker back without them) are taken for lost data and skipped. Kafka out of reach fails the
+    # query instead (Spark's source after its fetchOffset.numRetries and kafkaConsumer.pollTimeoutMs), and
+    # ``run`` waits for Kafka, then resumes from the checkpoint.
     options = {"subscribe": config.raw_topic, "startingOffsets": kafka.starting_offsets,
+               "failOnDataLoss": "true",
                "maxOffsetsPerTrigger": str(kafka.max_offsets_per_trigger),
                **{f"kafka.{name}": str(value) for name, value in client.items()}}
     if builtin:
@@ -158,10 +165,10 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
         files.write_text(STATE_LAYOUT_FILE, json.dumps(recorded))
 
 
-def raw_topic_partitions(config: PipelineConfig) -> int | None:
+def raw_topic_partitions(config: PipelineConfig, timeout: float = METADATA_TIMEOUT) -> int | None:
     """How many partitions the raw topic has; None when it does not exist (yet)."""
     metadata = broker_metadata(config.kafka.librdkafka(config.kafka.consumer), config.kafka.bootstrap_servers,
-                               METADATA_TIMEOUT, config.raw_topic).topics[config.raw_topic]
+                               timeout, config.raw_topic).topics[config.raw_topic]
     if metadata.error is not None:
         if metadata.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             return None
@@ -217,7 +224,8 @@ def check_checkpoint_logs(files: CheckpointFiles) -> None:
                                   ) from None
 
 
-def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None) -> None:
+def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None,
+                     kafka_timeout: float = METADATA_TIMEOUT) -> None:
     """What ``start`` checks before it starts the query. The CLI calls it before Spark starts too, when
     only a local checkpoint can be checked: a checkpoint elsewhere is checked once the session exists."""
     files = checkpoint_files(config.checkpoint, spark)
@@ -225,10 +233,11 @@ def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None) 
         return
     check_checkpoint_logs(files)
     try:
-        partitions = raw_topic_partitions(config)
+        partitions = raw_topic_partitions(config, kafka_timeout)
         check_not_restarted_from_scratch(files, config)
     except KafkaException as error:
-        raise ConfigError(f"cannot reach Kafka at {config.kafka.bootstrap_servers}: {error}") from error
+        message = f"cannot reach Kafka at {config.kafka.bootstrap_servers}: {error}"
+        raise (KafkaUnreachable if unreachable(error) else ConfigError)(message) from error
     check_state_layout(files, config, partitions)
 
 
@@ -248,37 +257,88 @@ def start(spark: SparkSession, config: PipelineConfig,
 
 
 def run(config: PipelineConfig, duration: float | None = None) -> int:
-    """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds."""
+    """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds.
+
+    Kafka out of reach never ends it: before the query starts, and whenever the query fails because of it
+    (a task or the driver that could not reach the brokers, at any step of a micro-batch), the pipeline
+    waits until Kafka answers, then starts the query again from its checkpoint, which replays the batch
+    that failed (its output is committed once: event_sink.py)."""
     spark = spark_session(session_master(config.spark.master), QUERY_NAME, config.spark.shuffle_partitions,
                           config.spark.conf)
     metrics = PipelineMetrics(spark, config)
     server = serve_metrics(config.metrics.host, config.metrics.port, metrics.registry, metrics.not_ready)
+    terminated = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (systemd, Kubernetes) stops the query between batches, as Ctrl-C does, but noted
+        # rather than raised: an exception in the middle of a call into the JVM breaks its connection.
+        signal.signal(signal.SIGTERM, lambda *_: terminated.set())
+    deadline = math.inf if duration is None else time.monotonic() + duration
+    outage = KafkaOutage(config.kafka.bootstrap_servers,
+                         "the pipeline waits for it, then resumes from its checkpoint", log)
+    failure: Exception | None = None
+    retries_without_progress = 0
     try:
-        query = start(spark, config, metrics.tally)
-        terminated = threading.Event()
-        if threading.current_thread() is threading.main_thread():
-            # SIGTERM (systemd, Kubernetes) stops the query between batches, as Ctrl-C does, but noted
-            # rather than raised: an exception in the middle of a call into the JVM breaks its connection.
-            signal.signal(signal.SIGTERM, lambda *_: terminated.set())
-        log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic,
-                 config.server, config.checkpoint)
-        deadline = math.inf if duration is None else time.monotonic() + duration
-        try:
-            while query.isActive and not terminated.is_set() and time.monotonic() < deadline:
-                metrics.update(query)
-                query.awaitTermination(1)
-        except KeyboardInterrupt:
-            terminated.set()
-        finally:
-            if terminated.is_set():
-                log.info("stopping the pipeline")
-            if query.isActive:
-                query.stop()
+        while not terminated.is_set() and time.monotonic() < deadline:
+            try:
+                raw_topic_partitions(config, KAFKA_PROBE_TIMEOUT)  # Kafka answers: the query can start
+                query = start(spark, config, metrics.tally)
+            except KafkaUnreachable as error:
+                outage.down(str(error))
+                terminated.wait(min(KAFKA_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
+                continue
+            outage.back()
+            log.info("pipeline running: %s → %s.<keyspace>.<table>, checkpoint %s", config.raw_topic,
+                     config.server, config.checkpoint)
+            failure = _serve(query, metrics, terminated, deadline)
+            if failure is None:
+                break
+            retries_without_progress = 0 if query.lastProgress is not None else retries_without_progress + 1
+            if not _failed_for_kafka(config, failure, retries_without_progress):
+                break
+            outage.down("the streaming query failed for it")
+            failure = None
     finally:
         metrics.stopped()
         if server is not None:
             server.stop()
-    if query.exception() is not None:
-        log.error("the pipeline failed: %s", query.exception())
+    if failure is not None:
+        log.error("the pipeline failed: %s", failure)
         return 1
     return 0
+
+
+def _serve(query: StreamingQuery, metrics: PipelineMetrics, terminated: threading.Event,
+           deadline: float) -> Exception | None:
+    """Run ``query`` until it fails (its failure returned), or is stopped, or until ``deadline``."""
+    try:
+        while query.isActive and not terminated.is_set() and time.monotonic() < deadline:
+            metrics.update(query)
+            query.awaitTermination(1)
+    except StreamingQueryException:
+        pass  # the query failed: its failure is returned below
+    except KeyboardInterrupt:
+        terminated.set()
+    finally:
+        if terminated.is_set():
+            log.info("stopping the pipeline")
+        if query.isActive:
+            query.stop()
+    return query.exception()
+
+
+# While Kafka is out of reach, the pipeline asks again this often whether it answers, waiting this long for
+# an answer (one comes in milliseconds from a broker that is up).
+KAFKA_RETRY_SECONDS = 2.0
+KAFKA_PROBE_TIMEOUT = 5.0
+# A query failure that names Kafka out of reach while Kafka answers is retried this many times in a row
+# without a completed micro-batch: past that, it is taken for what it is, a failure, and the pipeline stops.
+RETRIES_WITHOUT_PROGRESS = 5
+
+
+def _failed_for_kafka(config: PipelineConfig, failure: Exception, retries_without_progress: int) -> bool:
+    """Whether the query's ``failure`` is Kafka's absence (then the pipeline starts it again)."""
+    try:
+        raw_topic_partitions(config, KAFKA_PROBE_TIMEOUT)
+    except KafkaUnreachable:
+        return True  # away now: whatever failed the query, nothing can run until it is back
+    return names_unreachable_kafka(str(failure)) and retries_without_progress <= RETRIES_WITHOUT_PROGRESS
