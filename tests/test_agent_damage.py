@@ -6,10 +6,12 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 
 
 import agent_harness
@@ -230,3 +232,60 @@ def test_encrypted_segment_with_its_key_is_published_and_cleaned_up(harness: Mak
         wait_until(lambda: ENCRYPTED_SEGMENT.name not in h.segment_files(), "the encrypted segment published")
         assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 0
     assert not list((h.state_dir / "quarantine").iterdir())
+
+
+# --- an idx with garbage -----------------------------------
+
+def write_sections(h: Harness, sections: int, rows: int = 10) -> list[list[int]]:
+    """``sections`` synced sections of ``rows`` inserts each into the active segment: their positions."""
+    positions = []
+    for _ in range(sections):
+        positions.append([h.insert("ks.users", id=len(h.expected) + i, name="row")[1] for i in range(rows)])
+        h.node.sync()
+    return positions
+
+
+def test_completed_segment_whose_idx_holds_garbage_does_not_hold_back_the_newer_ones(
+        harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """An idx file that stays unreadable (garbage, not a rewrite caught half-way) while newer segments have
+    data: after stale_segment_seconds the agent says so naming the file, reads the segment to its end as
+    Cassandra's replay would (it never reads the idx), and goes on with the newer segments."""
+    h = harness(segment_size=32 * 1024)
+    h.write(100)
+    garbled = h.node.active_segment
+    h.write(400)  # rolls over: newer segments with data
+    h.node.close()
+    index = h.cdc_raw / f"{garbled.path.stem}_cdc.idx"
+    index.write_bytes(b"\x00\xffgarbage\n" * 3)
+    with caplog.at_level(logging.WARNING), running(h.config(stale_segment_seconds=0.5)):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes of every segment")
+        wait_until(lambda: not h.segment_files(), "cdc_raw emptied")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and str(index) in errors[0] and "reading it to its end" in errors[0], errors
+
+
+def test_newest_segment_whose_idx_holds_garbage_is_waited_for_and_said_once(
+        harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """An idx that stays unreadable with no newer segment holding data: the node may still be writing that
+    segment, so the agent waits for a readable idx, with one error line naming the file."""
+    h = harness()
+    h.write(50)
+    index = h.cdc_raw / f"{h.node.active_segment.path.stem}_cdc.idx"
+    index.write_bytes(b"\x00\xffgarbage")
+    with caplog.at_level(logging.ERROR), running(h.config(stale_segment_seconds=0.5)):
+        def waiting() -> list[str]:
+            return [r.getMessage() for r in caplog.records if str(index) in r.getMessage()]
+        wait_until(waiting, "the unreadable idx logged")
+        time.sleep(1.0)
+        assert len(waiting()) == 1 and "wait until it is readable" in waiting()[0], waiting()
+        raw = h.raw_reader()
+        raw.poll(0.2)
+        assert raw.records == []
+        h.node.close()  # the node rewrites the idx
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change once the idx is readable")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+
