@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import signal
 import threading
 import time
 
 from confluent_kafka import KafkaError, KafkaException
 from pyspark import Accumulator
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -265,6 +267,8 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
                 query.awaitTermination(1)
         except KeyboardInterrupt:
             terminated.set()
+        except StreamingQueryException:
+            pass  # the query failed: said below, in one line
         finally:
             if terminated.is_set():
                 log.info("stopping the pipeline")
@@ -275,6 +279,15 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
         if server is not None:
             server.stop()
     if query.exception() is not None:
-        log.error("the pipeline failed: %s", query.exception())
+        log.error("the pipeline failed: %s (checkpoint %s); once the cause is fixed, start it again: it "
+                  "resumes from its checkpoint", failure_cause(query.exception()), config.checkpoint)
         return 1
     return 0
+
+
+def failure_cause(failure: Exception) -> str:
+    """What a failed query's exception says went wrong, in one line: Spark's message starts with the query's
+    ids and goes on with the query's plan, over many lines."""
+    first_line = str(failure).splitlines()[0] if str(failure) else repr(failure)
+    cause = re.search(r"terminated with exception: (.*?)(?: SQLSTATE: \w+)?$", first_line)
+    return cause.group(1) if cause else first_line
