@@ -127,10 +127,11 @@ def wait_for(condition: Any, what: str, timeout: float, children: list[ChildProc
 class System:
     """The agents and the pipeline of logical cluster ``server``, as processes, and how to restart them.
     ``tables``: the agents' ``tables.include`` patterns (none: every CDC table); ``schema_file``: where the
-    agents read the schema (none: by CQL from their node)."""
+    agents read the schema (none: by CQL from their node); ``agent_settings``: more settings of every
+    agent."""
 
     def __init__(self, root: Path, cluster: Any, kafka: Any, server: str, tables: list[str] = (),
-                 schema_file: Path | None = None) -> None:
+                 schema_file: Path | None = None, agent_settings: dict[str, Any] | None = None) -> None:
         self.agents = []
         for node in cluster.nodes:
             schema = ({"file": str(schema_file)} if schema_file is not None else
@@ -139,7 +140,8 @@ class System:
                 "server": server, "node_id": node.address, "cdc_raw": str(node.cdc_raw_dir),
                 "state_dir": str(root / f"agent-state-{node.address}"), "schema": schema,
                 "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "raw_topic_partitions": 3},
-                "metrics": {"port": 0}, "poll_interval_ms": 200, "tables": {"include": list(tables)}})
+                "metrics": {"port": 0}, "poll_interval_ms": 200, "tables": {"include": list(tables)},
+                **(agent_settings or {})})
             self.agents.append(ChildProcess(f"agent {node.address}", ["agent", "--config", str(config)],
                                             root / f"agent-{node.address}.log", ready_marker="tailing"))
         self.pipeline_config = write_yaml(root / "pipeline.yaml", {

@@ -6,11 +6,16 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+
+from cassandra_cdc.agent.cdc_raw import read_cdc_index
+from cassandra_cdc.commitlog.segment_writer import write_cdc_index
 
 import agent_harness
 from agent_harness import (
@@ -230,3 +235,124 @@ def test_encrypted_segment_with_its_key_is_published_and_cleaned_up(harness: Mak
         wait_until(lambda: ENCRYPTED_SEGMENT.name not in h.segment_files(), "the encrypted segment published")
         assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 0
     assert not list((h.state_dir / "quarantine").iterdir())
+
+
+# --- a torn tail, an idx with garbage, a segment deleted while being read -----------------------------------
+
+def write_sections(h: Harness, sections: int, rows: int = 10) -> list[list[int]]:
+    """``sections`` synced sections of ``rows`` inserts each into the active segment: their positions."""
+    positions = []
+    for _ in range(sections):
+        positions.append([h.insert("ks.users", id=len(h.expected) + i, name="row")[1] for i in range(rows)])
+        h.node.sync()
+    return positions
+
+
+def test_torn_tail_of_a_segment_the_node_never_completed_is_reported_and_the_rest_published(
+        harness: MakeHarness) -> None:
+    """A node crashed while it wrote a (compressed) section: the file ends inside that section and the idx
+    still says the end of the section before, never COMPLETED. Once the restarted node writes a newer
+    segment, the agent reads the torn one to its end: every intact entry published, the torn tail reported
+    with its file and offset, the segment kept whole; the newer segment is published too."""
+    h = harness(compression="LZ4Compressor", segment_size=256 * 1024)
+    users = SCHEMA.table("ks", "users")
+    torn = h.node.active_segment
+    write_sections(h, 3)
+    durable = read_cdc_index(h.cdc_raw / f"{torn.path.stem}_cdc.idx").offset
+    lost = write_sections(h, 1)[0]
+    torn_at = (h.cdc_raw / torn.path.name).stat().st_size - 20
+    h.node.close()  # the crash: the file cut inside its last section, the idx as it was before that section
+    os.truncate(h.cdc_raw / torn.path.name, torn_at)
+    write_cdc_index(h.cdc_raw / f"{torn.path.stem}_cdc.idx", durable, completed=False)
+    for position in lost:
+        del h.expected[(torn.descriptor.segment_id, position, users.id)]
+    h.write(50)  # the restarted node's segment
+    h.node.close()
+    with running(h.config(stale_segment_seconds=0.5)) as agent:
+        raw = h.raw_reader()
+        errors = h.reader(f"{h.server}.errors")
+        raw.wait_for(lambda: raw.has_all(h.expected), "every intact change, of both segments")
+        errors.wait_for(lambda: errors.messages, "the torn tail on the errors topic")
+        wait_until(lambda: quarantined_whole(h, torn.path.name).exists(), "the torn segment kept whole")
+        assert metric(agent, "cassandra_cdc_agent_segments_quarantined_total") == 1
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    letter = json.loads(errors.messages[0].value())
+    assert (letter["segment"], letter["kind"]) == (torn.path.name, "SYNC_MARKER_PAST_END")
+    assert letter["file_offset"] < torn_at
+    assert letter["kept_whole_in"] == str(quarantined_whole(h, torn.path.name))
+
+
+def test_completed_segment_whose_idx_holds_garbage_does_not_hold_back_the_newer_ones(
+        harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """An idx file that stays unreadable (garbage, not a rewrite caught half-way) while newer segments have
+    data: after stale_segment_seconds the agent says so naming the file, reads the segment to its end as
+    Cassandra's replay would (it never reads the idx), and goes on with the newer segments."""
+    h = harness(segment_size=32 * 1024)
+    h.write(100)
+    garbled = h.node.active_segment
+    h.write(400)  # rolls over: newer segments with data
+    h.node.close()
+    index = h.cdc_raw / f"{garbled.path.stem}_cdc.idx"
+    index.write_bytes(b"\x00\xffgarbage\n" * 3)
+    with caplog.at_level(logging.WARNING), running(h.config(stale_segment_seconds=0.5)):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the changes of every segment")
+        wait_until(lambda: not h.segment_files(), "cdc_raw emptied")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and str(index) in errors[0] and "reading it to its end" in errors[0], errors
+
+
+def test_newest_segment_whose_idx_holds_garbage_is_waited_for_and_said_once(
+        harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """An idx that stays unreadable with no newer segment holding data: the node may still be writing that
+    segment, so the agent waits for a readable idx, with one error line naming the file."""
+    h = harness()
+    h.write(50)
+    index = h.cdc_raw / f"{h.node.active_segment.path.stem}_cdc.idx"
+    index.write_bytes(b"\x00\xffgarbage")
+    with caplog.at_level(logging.ERROR), running(h.config(stale_segment_seconds=0.5)):
+        def waiting() -> list[str]:
+            return [r.getMessage() for r in caplog.records if str(index) in r.getMessage()]
+        wait_until(waiting, "the unreadable idx logged")
+        time.sleep(1.0)
+        assert len(waiting()) == 1 and "wait until it is readable" in waiting()[0], waiting()
+        raw = h.raw_reader()
+        raw.poll(0.2)
+        assert raw.records == []
+        h.node.close()  # the node rewrites the idx
+        raw.wait_for(lambda: raw.has_all(h.expected), "every change once the idx is readable")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+
+
+def test_segment_deleted_while_being_read_is_reported_and_the_newer_ones_published(
+        harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
+    """The live segment the agent is tailing removed from cdc_raw (by hand, or a node discarding it): one
+    error line naming it and how far it was published; the agent goes on with the newer segments."""
+    h = harness(segment_size=64 * 1024)
+    users = SCHEMA.table("ks", "users")
+    removed = h.node.active_segment
+    read = write_sections(h, 2)
+    with caplog.at_level(logging.ERROR), running(h.config()):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the live segment's synced changes")
+        unread = write_sections(h, 1)[0]
+        for path in (h.cdc_raw / removed.path.name, h.cdc_raw / f"{removed.path.stem}_cdc.idx"):
+            path.unlink()
+        for position in unread:
+            del h.expected[(removed.descriptor.segment_id, position, users.id)]
+        h.node.close()  # rewrites the removed segment's idx (COMPLETED), as Cassandra does
+        h.write(60)  # a newer segment
+        h.node.close()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the newer segment's changes")
+        # The idx the node wrote after the removal is left, alone (the agent reads segments, not idx files).
+        leftover = [f"{removed.path.stem}_cdc.idx"]
+        wait_until(lambda: h.segment_files() == leftover, "the newer segment published and deleted")
+        raw.poll(0.2)
+    assert_published_exactly(raw, h.expected)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [f"{removed.path.name} was removed from cdc_raw before it was completely published "
+                      f"(acknowledged up to {read[-1][-1]} of {read[-1][-1]})"], errors

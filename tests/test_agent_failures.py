@@ -18,11 +18,13 @@ import pytest
 
 import cassandra_cdc.agent.tailer as agent_module
 from cassandra_cdc.agent import Agent
+from cassandra_cdc.agent.cdc_raw import ChangeNotifier
 from cassandra_cdc.agent.positions import STATE_FILE, PositionStore, SegmentPosition
 from cassandra_cdc.simulator import EmbeddedBroker
 from cassandra_cdc.simulator.broker import free_port
 
 import agent_harness
+from full_disk import FILLER, fill, small_filesystem
 from agent_harness import (
     CLI, DEADLINE, Harness, wait_until, RawReader, assert_published_exactly, MakeHarness, running,
     AgentProcess, saved_positions, metric)
@@ -300,6 +302,19 @@ def test_positions_that_cannot_be_saved_stop_the_agent_with_one_line(harness: Ma
     assert len(h.segment_files()) == 2  # nothing cleaned up without its completion saved
 
 
+def test_stopping_while_cdc_raw_changes_logs_no_error(tmp_path: Path,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """The watcher of cdc_raw stopped while a change arrives (as when the agent stops on an error while the
+    node writes): no error line besides the agent's own (watchdog reports that race as an error)."""
+    with caplog.at_level(logging.ERROR):
+        for attempt in range(100):
+            notifier = ChangeNotifier(tmp_path)
+            notifier.start()
+            (tmp_path / f"CommitLog-8-{attempt}.log").write_bytes(b"")
+            notifier.stop()
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
+
+
 def lose_the_last_batches(broker: EmbeddedBroker, topic: str) -> int:
     """Stop the broker and take from each partition of a topic its last record batch, as a broker restarted
     without what it had acknowledged would; return how many records are gone."""
@@ -420,3 +435,46 @@ def test_positions_saved_by_an_older_agent_are_read(tmp_path: Path) -> None:
     positions = PositionStore(tmp_path)
     assert positions.get(1000) == SegmentPosition("CommitLog-7-1000.log", 42)
     assert positions.acknowledged_offsets == {}
+
+
+def test_a_full_state_dir_stops_the_agent_with_one_line_and_a_restart_after_space_returns_loses_nothing(
+        tmp_path: Path, harness: MakeHarness) -> None:
+    """state_dir on a small filesystem of its own, filled while the agent runs: the agent stops (exit status
+    1) with one line naming positions.json; the file is the last one saved, whole, and nothing else is left
+    in state_dir. Once space returns, the restarted agent publishes every change; only what came after the
+    last saved position is published twice."""
+    h = harness()
+    with small_filesystem(h.state_dir):
+        h.write(100)
+        log = tmp_path / "agent.log"
+        with AgentProcess(h.config_file(), log) as process:
+            raw = h.raw_reader()
+            raw.wait_for(lambda: raw.has_all(h.expected), "the changes written before the disk fills")
+            wait_until(lambda: saved_positions(h.state_dir), "the positions saved")
+            filler = fill(h.state_dir)
+            saved = (h.state_dir / STATE_FILE).read_text()
+            h.write(100)
+            status = process.process.wait(DEADLINE)
+        assert status == 1, process.output()
+        output = process.output()
+        assert "Traceback" not in output, output
+        errors = [line for line in output.splitlines() if " ERROR " in line]
+        assert len(errors) == 1, output
+        assert f"{h.state_dir / STATE_FILE}: cannot save the agent's positions (No space left on device)" \
+            in errors[0]
+        assert (h.state_dir / STATE_FILE).read_text() == saved
+        assert sorted(path.name for path in h.state_dir.iterdir()) == sorted(
+            ["quarantine", FILLER, STATE_FILE])
+        last_saved = {int(segment): position["position"]
+                      for segment, position in json.loads(saved)["segments"].items()}
+        filler.unlink()
+        with AgentProcess(h.config_file(), log) as process:
+            h.write(50)
+            h.node.close()
+            raw.wait_for(lambda: raw.has_all(h.expected), "every change after the restart")
+            wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+            assert process.terminate() == 0
+    raw.poll(0.2)
+    assert_published_exactly(raw, h.expected, duplicates=True)
+    twice = [key for key, copies in raw.keys().items() if copies > 1]
+    assert all(position > last_saved.get(segment, 0) for segment, position, _ in twice), twice

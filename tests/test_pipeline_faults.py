@@ -4,6 +4,7 @@ restart after ``kill -9`` of the pipeline process. Raw records are published her
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -25,6 +26,7 @@ from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert, Update, to_mutation
 from cassandra_cdc.kafka.raw_records import RawRecord, record_key
 from cassandra_cdc.kafka.schema_records import SchemaRecord
+from full_disk import fill, small_filesystem
 
 TABLE_ID = "5c0e7a10-0000-4000-8000-00000000000a"
 V1 = f"""CREATE TABLE app.items (id int PRIMARY KEY, name text, qty int) WITH ID = {TABLE_ID} AND cdc = true;"""
@@ -175,13 +177,20 @@ def pipeline_command(broker: Any, server: str, tmp_path: Path, kafka: dict[str, 
     return [str(Path(sys.executable).with_name("cassandra-cdc")), "pipeline", "--config", str(config_path)]
 
 
-def start_pipeline(command: list[str]) -> subprocess.Popen:
+def start_pipeline(command: list[str], log: Path | None = None) -> subprocess.Popen:
+    """The pipeline's process; its output to ``log`` (appended), or dropped."""
+    output = open(log, "ab") if log is not None else subprocess.DEVNULL
     # A session of its own: a kill of its process group reaches the Python workers too.
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+    finally:
+        if log is not None:
+            output.close()
 
 
 def stop_pipeline(process: subprocess.Popen) -> None:
-    os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):  # exited, its workers too
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait(30)
 
 
@@ -210,6 +219,52 @@ def test_kill_9_of_the_pipeline_resumes_from_its_checkpoint_with_each_event_comm
     events = read_all(real_kafka.bootstrap_servers, topic)
     assert sorted(e["payload"]["after"]["id"] for e in events) == list(range(total))
     assert {e["payload"]["op"] for e in events} == {"c"}
+
+
+def test_a_full_checkpoint_disk_fails_the_pipeline_in_one_line_and_the_restart_commits_each_event_once(
+        real_kafka: Any, tmp_path: Path) -> None:
+    """The checkpoint on a small filesystem of its own, filled while the pipeline runs: the query fails and
+    the process exits (status 1) with one error line naming the checkpoint; once space returns, the restart
+    resumes from the checkpoint and read_committed consumers see every event once."""
+    server = "fullcheckpoint"
+    publisher = RawPublisher(real_kafka.bootstrap_servers, server)
+    schema = publisher.schema(V1)
+    command = pipeline_command(real_kafka, server, tmp_path, {"max_offsets_per_trigger": 50})
+    log = tmp_path / "pipeline.log"
+    topic, before, total = f"{server}.app.items", 50, 150
+    now = time.time_ns() // 1000
+
+    def write(ids: range) -> None:
+        for i in ids:
+            row = {"id": i, "name": f"n{i}", "qty": i}
+            publisher.write(schema, Insert("app.items", row, timestamp=now + i))
+    write(range(before))
+    with small_filesystem(tmp_path / "checkpoint", "64m") as checkpoint:
+        process = start_pipeline(command, log)
+        try:
+            assert wait_for(lambda: len(read_all(real_kafka.bootstrap_servers, topic)) >= before, 240), \
+                log.read_text()[-3000:]
+            filler = fill(checkpoint)
+            write(range(before, total))
+            process.wait(240)
+            output = log.read_text()
+            assert process.returncode == 1, output[-3000:]
+            assert "Traceback" not in output, output[-5000:]
+            # (Spark's JVM logs the failure too, with its stack trace, through log4j: not ours to format.)
+            errors = [line for line in output.splitlines() if " ERROR cassandra_cdc" in line]
+            assert len(errors) == 1, output[-5000:]
+            assert errors[0].endswith(f"the pipeline failed: java.io.IOException: No space left on device "
+                                      f"(checkpoint {checkpoint}); once the cause is fixed, start it again: "
+                                      "it resumes from its checkpoint"), errors[0]
+            filler.unlink()
+            process = start_pipeline(command, log)
+            assert wait_for(lambda: len(read_all(real_kafka.bootstrap_servers, topic)) >= total, 240), \
+                log.read_text()[-3000:]
+        finally:
+            stop_pipeline(process)
+            publisher.close()
+    events = read_all(real_kafka.bootstrap_servers, topic)
+    assert sorted(e["payload"]["after"]["id"] for e in events) == list(range(total))
 
 
 def connector_jars() -> dict[str, str]:

@@ -7,6 +7,7 @@ can be read empty or half-written, and such a read is retried, never interpreted
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import threading
@@ -77,6 +78,17 @@ def move_files(files: list[Path], directory: Path) -> None:
     """Move a segment's files (out of cdc_raw) into a directory."""
     for path in files:
         shutil.move(str(path), directory / path.name)
+
+
+class _StoppedWhileReading(logging.Filter):
+    """watchdog logs an error when its inotify thread is stopped while it waits for an event: the watcher is
+    going away then, so no change can be missed, and the only error line must be the agent's own."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+logging.getLogger("watchdog.observers.inotify").addFilter(_StoppedWhileReading())
 
 
 class ChangeNotifier:

@@ -16,6 +16,11 @@ from .deliveries import Deliveries, Watermark
 log = logging.getLogger(__name__)
 
 
+def have_data(segments: list[CdcSegment]) -> bool:
+    """Whether any of these (4.0+) segments holds CDC data: the node has written its idx file."""
+    return any(segment.index_path.exists() for segment in segments)
+
+
 class SegmentProgress:
     """How far one segment is read and how far Kafka has acknowledged it.
 
@@ -61,17 +66,6 @@ class SegmentProgress:
         self._advance()
         return self.read_all and not self._checkpoints
 
-    def index_unreadable(self, stale_seconds: float) -> None:
-        """An idx read mid-rewrite is normal; one that stays unreadable blocks every newer segment: say so, once."""
-        now = time.monotonic()
-        if self.unreadable_since is None:
-            self.unreadable_since = now
-        elif now - self.unreadable_since >= stale_seconds and not self.unreadable_logged:
-            self.unreadable_logged = True
-            log.error("%s has been unreadable for %.0f s (not '<offset>' or '<offset>\\nCOMPLETED'): this segment "
-                      "and every newer one wait until it is readable", self.segment.index_path,
-                      now - self.unreadable_since)
-
     def readable_extent(self, newer: list[CdcSegment],
                         stale_seconds: float) -> tuple[int | None, bool] | None:
         """(limit, final) for the next read of the segment, or None when there is nothing to read yet.
@@ -82,18 +76,38 @@ class SegmentProgress:
         index = self.note_durable()
         if index is None:
             if segment.index_path.exists():
-                return None  # caught mid-rewrite: read it again on the next pass
+                return self._unreadable_index(newer, stale_seconds)
             if segment.version == 6:
                 return None, True  # Cassandra 3.x moves a segment in once it is complete
             return None  # 4.0+: no CDC data in this segment (yet)
         if index.completed:
             return index.offset, True
-        idle = time.monotonic() - self.changed_at
-        if newer and idle >= stale_seconds and any(s.index_path.exists() for s in newer):
+        if time.monotonic() - self.changed_at >= stale_seconds and have_data(newer):
             log.warning("%s was never COMPLETED (the node restarted?) and newer segments have data: "
                         "reading it to its end", segment.path.name)
             return None, True
         return index.offset, False
+
+    def _unreadable_index(self, newer: list[CdcSegment], stale_seconds: float) -> tuple[None, bool] | None:
+        """An idx read mid-rewrite is normal: it is read again on the next pass. One still unreadable after
+        ``stale_seconds`` while newer segments have data is damaged (the node writes the newest segments
+        only): the segment is read to its end, as Cassandra's replay reads segments (it never reads idx
+        files). Without newer data, it holds back every newer segment: said once."""
+        now = time.monotonic()
+        if self.unreadable_since is None:
+            self.unreadable_since = now
+        unreadable_for = now - self.unreadable_since
+        if unreadable_for < stale_seconds:
+            return None
+        unreadable = (f"{self.segment.index_path} has been unreadable for {unreadable_for:.0f} s "
+                      "(not '<offset>' or '<offset>\\nCOMPLETED')")
+        if have_data(newer):
+            log.error("%s and newer segments have data: reading it to its end", unreadable)
+            return None, True
+        if not self.unreadable_logged:
+            self.unreadable_logged = True
+            log.error("%s: this segment and every newer one wait until it is readable", unreadable)
+        return None
 
     def note_durable(self) -> CdcIndex | None:
         """Read the idx file, noting a new durable offset; the index, or None when there is none (yet)."""

@@ -269,8 +269,7 @@ class Agent:
             extent = progress.readable_extent(segments[index + 1:], self.config.stale_segment_seconds)
             if extent is None:
                 if segment.index_path.exists():
-                    progress.index_unreadable(self.config.stale_segment_seconds)
-                    break  # its idx was caught mid-rewrite: nothing newer before it is read again
+                    break  # its idx is unreadable (mid-rewrite?): nothing newer before it is read again
                 continue  # 4.0+ segment without CDC data (yet): newer segments do not wait for it
             progress.unreadable_since = None
             limit, final = extent

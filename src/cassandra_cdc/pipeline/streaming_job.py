@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import signal
 import threading
 import time
@@ -302,7 +303,8 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
         if server is not None:
             server.stop()
     if failure is not None:
-        log.error("the pipeline failed: %s", failure)
+        log.error("the pipeline failed: %s (checkpoint %s); once the cause is fixed, start it again: it "
+                  "resumes from its checkpoint", failure_cause(failure), config.checkpoint)
         return 1
     return 0
 
@@ -342,3 +344,11 @@ def _failed_for_kafka(config: PipelineConfig, failure: Exception, retries_withou
     except KafkaUnreachable:
         return True  # away now: whatever failed the query, nothing can run until it is back
     return names_unreachable_kafka(str(failure)) and retries_without_progress <= RETRIES_WITHOUT_PROGRESS
+
+
+def failure_cause(failure: Exception) -> str:
+    """What a failed query's exception says went wrong, in one line: Spark's message starts with the query's
+    ids and goes on with the query's plan, over many lines."""
+    first_line = str(failure).splitlines()[0] if str(failure) else repr(failure)
+    cause = re.search(r"terminated with exception: (.*?)(?: SQLSTATE: \w+)?$", first_line)
+    return cause.group(1) if cause else first_line
