@@ -22,9 +22,14 @@ What a record costs in Python is kept to what only Python can do (decode, merge,
 * Replica copies are not merged again: a partition's state keeps the digests of its recent updates
   (the copies of one write are the same update bytes, so the same digest), and a copy costs the
   header's decode and digest check only.
-* The state of a group maps each partition key to its next expiry and its pickled merge state
-  (see ``merge.py``): a batch unpickles and pickles again only the partitions it touches, and sets
-  the group's timer from the stored expiries.
+* The state of a group is paged (``PagedGroup``): its partition keys are spread over a fixed number of
+  pages by a hash of the key, each page a value of a ``MapState`` mapping each of its partition keys to
+  its next expiry and its pickled merge state (see ``merge.py``). A batch reads and writes only the
+  pages its records touch, and unpickles and pickles again only the partitions it touches, so that its
+  cost and the bytes it writes to the checkpoint follow the batch, not the table; a group's
+  ``ValueState`` is a small index (the group's timer and each page's next expiry). Pages are state calls
+  (one read, one write each, at a fraction of a millisecond): fewer, fuller pages make large batches
+  cheaper, more, smaller pages make small batches write less (``spark.state_pages``).
 
 TTL expiry: each group registers a processing-time timer at its earliest expiry; when it fires, the
 expired cells and rows are removed and the resulting update or delete events emitted. The timer
@@ -41,13 +46,15 @@ import logging
 import pickle
 import time
 import uuid
+import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pandas as pd
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
-from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
 from ..storage.decode_errors import MutationDecodeError
 from ..storage.binary_io import EndOfData
@@ -63,6 +70,11 @@ log = logging.getLogger(__name__)
 
 OUTPUT_SCHEMA = StructType([StructField("events", LongType())])  # never output: the events go to Kafka from here
 _STATE_SCHEMA = StructType([StructField("partitions", BinaryType())])
+_PAGE_KEY_SCHEMA = StructType([StructField("page", IntegerType())])
+
+DEFAULT_STATE_PAGES = 256
+# Bytes of a group's pages a worker keeps read at once; beyond, the least recently used one is written back.
+PAGES_IN_MEMORY_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,7 @@ class ProcessorSettings:
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
     ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
+    state_pages: int = DEFAULT_STATE_PAGES  # pages of each group's state (fixed once a checkpoint has state)
 
 
 class ChangeProcessor(StatefulProcessor):
@@ -88,7 +101,10 @@ class ChangeProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.state = handle.getValueState("partitions", _STATE_SCHEMA)
+        # The index keeps the name and schema of the value that held a whole group before pages: a group
+        # stored so is read from it, and paged as it is written again.
+        self.index = handle.getValueState("partitions", _STATE_SCHEMA)
+        self.pages = handle.getMapState("pages", _PAGE_KEY_SCHEMA, _STATE_SCHEMA)
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
@@ -267,17 +283,19 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- state ------------------------------------------------------------------------------------
 
-    def _load(self) -> "PartitionGroup":
-        return PartitionGroup.load(self.state.get()[0] if self.state.exists() else None)
+    def _load(self) -> "PagedGroup":
+        stored = self.index.get()
+        return PagedGroup(self.pages, self.settings.state_pages, None if stored is None else stored[0])
 
-    def _save(self, partitions: "PartitionGroup", now_ms: int) -> None:
-        """Store the group's state, with its one timer at the earliest expiry of its partitions.
+    def _save(self, partitions: "PagedGroup", now_ms: int) -> None:
+        """Store the group's touched pages and its index, with its one timer at the earliest expiry of its
+        partitions.
 
-        The group's state records its timer: every state call is a round trip to the JVM, and asking Spark
+        The group's index records its timer: every state call is a round trip to the JVM, and asking Spark
         for the timers (``listTimers``) also costs the JVM the code generation of a timer encoder, per group
-        and batch. An unchanged timer is left alone.
+        and batch. An unchanged timer is left alone, an unchanged index too.
         """
-        partitions.seal()
+        partitions.write_pages()
         expiry = partitions.earliest_expiry()
         wanted = None if expiry is None else max(expiry * 1000, now_ms + 1)
         if partitions.timer == _TIMER_NOT_RECORDED:
@@ -290,11 +308,12 @@ class ChangeProcessor(StatefulProcessor):
             if wanted is not None:
                 self.handle.registerTimer(wanted)
         partitions.timer = wanted
-        stored = partitions.dump()
-        if stored is None:
-            self.state.clear()
-        else:
-            self.state.update((stored,))
+        index = partitions.index()
+        if index != partitions.stored_index:
+            if index is None:
+                self.index.clear()
+            else:
+                self.index.update((index,))
 
 
 class _Undecodable(Exception):
@@ -326,36 +345,139 @@ def collector_paused() -> Iterator[None]:
 
 # The timer of a group stored before groups recorded theirs: Spark is asked.
 _TIMER_NOT_RECORDED = -1
+# The first item of a paged group's index; the value of a group stored whole is a dict or a 2-tuple.
+_PAGED = "pages"
+
+
+def page_of(partition_key: bytes, pages: int) -> int:
+    """The page of a partition key: the same in every process (unlike ``hash``, which is salted per process)."""
+    return zlib.crc32(partition_key) % pages
+
+
+class PagedGroup:
+    """The merge state of one group (raw topic partition), its partition keys spread over pages.
+
+    Pages are read as the batch's records reach them, each one state call, and kept as ``PartitionGroup``s
+    until the batch's end, or until the pages read exceed ``PAGES_IN_MEMORY_BYTES``: then the least recently
+    used one is written back (a later record may read it again), so that a worker's memory does not follow
+    the size of the state. The index (the group's ``ValueState``) holds the group's timer and the next
+    expiry of each page that has one, so that a timer reads only the pages due.
+
+    A group stored whole, as before pages, is read from the index value it was, and its partitions are
+    written to their pages, once, the first time the group is saved.
+    """
+
+    def __init__(self, pages_state: Any, pages: int, stored_index: bytes | None) -> None:
+        self._pages_state = pages_state
+        self._pages = pages
+        self._read: OrderedDict[int, tuple[PartitionGroup, int]] = OrderedDict()  # page → (group, bytes read)
+        self._read_bytes = 0
+        self.stored_index = stored_index
+        self.timer: int | None = None  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
+        self._expiries: dict[int, int] = {}  # page → its next expiry (seconds)
+        if stored_index is None:
+            return
+        stored = pickle.loads(stored_index)
+        if isinstance(stored, tuple) and len(stored) == 3 and stored[0] == _PAGED:
+            _, self.timer, self._expiries = stored
+            return
+        whole = PartitionGroup.load(stored_index)
+        self.timer = whole.timer
+        for key, value in whole.stored.items():
+            page = page_of(key, pages)
+            if page not in self._read:
+                self._read[page] = (PartitionGroup({}), 0)
+            self._read[page][0].stored[key] = value
+
+    def _page(self, page: int) -> PartitionGroup:
+        read = self._read.get(page)
+        if read is not None:
+            self._read.move_to_end(page)
+            return read[0]
+        stored = self._pages_state.getValue((page,))
+        group = PartitionGroup.load(None if stored is None else stored[0])
+        size = 0 if stored is None else len(stored[0])
+        self._read[page] = (group, size)
+        self._read_bytes += size
+        while self._read_bytes > PAGES_IN_MEMORY_BYTES and len(self._read) > 1:
+            self._write_page(*self._read.popitem(last=False))
+        return group
+
+    def _write_page(self, page: int, read: tuple[PartitionGroup, int]) -> None:
+        group, size = read
+        self._read_bytes -= size
+        stored = group.dump()
+        expiry = group.earliest_expiry()
+        if expiry is None:
+            self._expiries.pop(page, None)
+        else:
+            self._expiries[page] = expiry
+        if stored is None:
+            self._pages_state.removeKey((page,))
+        else:
+            self._pages_state.updateValue((page,), (stored,))
+
+    def get(self, key: bytes) -> PartitionState | None:
+        return self._page(page_of(key, self._pages)).get(key)
+
+    def add(self, key: bytes, state: PartitionState) -> None:
+        self._page(page_of(key, self._pages)).add(key, state)
+
+    def remove(self, key: bytes) -> None:
+        self._page(page_of(key, self._pages)).remove(key)
+
+    def due(self, now_seconds: int) -> Iterator[tuple[bytes, PartitionState]]:
+        """The partitions whose stored expiry has come, opened: only the pages due are read."""
+        pages = {page for page, expiry in self._expiries.items() if expiry <= now_seconds}.union(self._read)
+        for page in sorted(pages):
+            group = self._page(page)
+            for key in group.due_keys(now_seconds):
+                yield key, group.get(key)  # type: ignore[misc]
+
+    def write_pages(self) -> None:
+        """Write back every page read (the partitions opened pickled again)."""
+        while self._read:
+            self._write_page(*self._read.popitem(last=False))
+
+    def earliest_expiry(self) -> int | None:
+        """The earliest expiry of the group's pages, once written back."""
+        return min(self._expiries.values(), default=None)
+
+    def index(self) -> bytes | None:
+        """The group's index value; None when there is nothing to record (no timer, no expiry)."""
+        if self.timer is None and not self._expiries:
+            return None
+        return pickle.dumps((_PAGED, self.timer, self._expiries), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 class PartitionGroup:
-    """The merge states of one group's partitions, each pickled on its own, its next expiry beside it,
-    and the group's timer.
+    """The merge states of some partitions (a page of a group), each pickled on its own, its next expiry
+    beside it.
 
-    A micro-batch touches some of a group's partitions: only those are unpickled and pickled again,
-    the others stay bytes (copied, never decoded), and the timer is set from the stored expiries.
+    A micro-batch touches some of them: only those are unpickled and pickled again, the others stay bytes
+    (copied, never decoded).
     """
 
     def __init__(self, stored: dict[bytes, tuple[int | None, bytes]], timer: int | None = None) -> None:
-        self._stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
+        self.stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
         self._opened: dict[bytes, PartitionState] = {}
-        self.timer = timer  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
+        self.timer = timer  # of a group stored whole: registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
 
     @classmethod
     def load(cls, value: bytes | None) -> "PartitionGroup":
-        """A group's state value as ``dump`` made it (None: the group has no state)."""
+        """A value as ``dump`` made it (None: no state), or a group's value stored whole, before pages."""
         if value is None:
             return cls({})
         stored = pickle.loads(value)
-        if isinstance(stored, dict):  # stored before groups recorded their timer
+        if isinstance(stored, dict):  # a page, or a group stored before groups recorded their timer
             return cls(stored, _TIMER_NOT_RECORDED)
         timer, partitions = stored
         return cls(partitions, timer)
 
     def get(self, key: bytes) -> PartitionState | None:
         state = self._opened.get(key)
-        if state is None and key in self._stored:
-            stored = pickle.loads(self._stored[key][1])
+        if state is None and key in self.stored:
+            stored = pickle.loads(self.stored[key][1])
             # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
             state = stored if isinstance(stored, PartitionState) else PartitionState.from_stored(stored)
             self._opened[key] = state
@@ -366,26 +488,27 @@ class PartitionGroup:
 
     def remove(self, key: bytes) -> None:
         self._opened.pop(key, None)
-        self._stored.pop(key, None)
+        self.stored.pop(key, None)
 
-    def due(self, now_seconds: int) -> list[tuple[bytes, PartitionState]]:
-        """The partitions whose stored expiry has come, opened."""
-        keys = [key for key, (expiry, _) in self._stored.items() if expiry is not None and expiry <= now_seconds]
-        return [(key, self.get(key)) for key in keys]  # type: ignore[misc]
+    def due_keys(self, now_seconds: int) -> list[bytes]:
+        """The partitions whose stored expiry has come (the opened ones sealed first)."""
+        self.seal()
+        return [key for key, (expiry, _) in self.stored.items() if expiry is not None and expiry <= now_seconds]
 
     def seal(self) -> None:
         """Pickle the opened partitions again (and note their next expiries)."""
         for key, state in self._opened.items():
             stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
-            self._stored[key] = (next_expiry(state), stored)
+            self.stored[key] = (next_expiry(state), stored)
         self._opened.clear()
 
     def dump(self) -> bytes | None:
-        """The group's state value, sealed first; None when the group has no partitions."""
+        """The page's value, sealed first; None when it has no partitions."""
         self.seal()
-        if not self._stored:
+        if not self.stored:
             return None
-        return pickle.dumps((self.timer, self._stored), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps(self.stored, protocol=pickle.HIGHEST_PROTOCOL)
 
     def earliest_expiry(self) -> int | None:
-        return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)
+        self.seal()
+        return min((expiry for expiry, _ in self.stored.values() if expiry is not None), default=None)
