@@ -1,0 +1,49 @@
+"""A pipeline restarted on a checkpoint written by the state layout before pages (tests/data, made by the
+code of main at f0c872c with tests/unpaged_checkpoint.py): it resumes where that one stopped, with its state."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cassandra_cdc.pipeline.pipeline_config import load_config
+from cassandra_cdc.pipeline.streaming_job import STATE_LAYOUT_FILE, start
+from cassandra_cdc.simulator import Insert, Update
+from test_pipeline_faults import read_all, wait_for
+from unpaged_checkpoint import FIRST, RAW_PARTITIONS, SERVER, TIMESTAMP, publish, settings
+
+ARCHIVE = Path(__file__).parent / "data" / "checkpoint-layout3.tar.gz"
+
+
+def test_a_checkpoint_of_groups_stored_whole_resumes_with_its_state_and_is_paged(broker: Any, spark: Any,
+                                                                                   tmp_path: Path) -> None:
+    broker.create_topic(f"{SERVER}.raw", RAW_PARTITIONS)
+    publish(broker.bootstrap_servers, FIRST, schema_record=True)  # what the checkpoint's offsets name
+    with tarfile.open(ARCHIVE) as archive:
+        archive.extractall(tmp_path, filter="data")
+    checkpoint = tmp_path / "checkpoint"
+    assert json.loads((checkpoint / STATE_LAYOUT_FILE).read_text())["version"] == 3
+    config = load_config(None, settings(broker.bootstrap_servers, checkpoint))
+    query = start(spark, config)
+    topic = f"{SERVER}.app.items"
+    try:
+        later = [Update("app.items", {"id": key}, {"qty": 10 * key}, timestamp=TIMESTAMP + 1000 + key)
+                 for key in (3, 17, 40)]
+        publish(broker.bootstrap_servers, later + [Insert("app.items", {"id": 41, "name": "item41", "qty": 41},
+                                                          timestamp=TIMESTAMP + 2000)])
+        assert wait_for(lambda: len(read_all(broker.bootstrap_servers, topic)) >= 4, timeout=300)
+        time.sleep(5)  # anything written again (a restart from the raw topic's start) would be there by now
+        payloads = [event["payload"] for event in read_all(broker.bootstrap_servers, topic)]
+        assert query.exception() is None
+    finally:
+        query.stop()
+    assert sorted((p["op"], p["after"]["id"], p["before"] and (p["before"]["name"], p["before"]["qty"]),
+                   p["after"]["qty"]) for p in payloads) == [
+        ("c", 41, None, 41), ("u", 3, ("item3", 3), 30), ("u", 17, ("item17", 17), 170),
+        ("u", 40, ("item40", 40), 400)]
+    assert read_all(broker.bootstrap_servers, f"{SERVER}.errors") == []
+    layout = json.loads((checkpoint / STATE_LAYOUT_FILE).read_text())
+    assert layout["version"] == 4 and layout["spark.state_pages"] == config.spark.state_pages
