@@ -111,7 +111,7 @@ def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int
     return records // len(nodes) * len(nodes)
 
 
-# A multiplier prime to any key count used here: the preloaded keys' updates go to keys spread over all of them.
+# A multiplier prime to any key count used here: the updates of preloaded keys go to keys spread over all.
 SPREAD = 2_654_435_761
 
 
@@ -122,10 +122,12 @@ def preload(broker: EmbeddedBroker, spark: Any, config: Any, keys: int) -> dict[
     started = time.monotonic()
     published = publish_backlog(broker, config.server, keys, keys, nodes=("node1",))
     publish_s = time.monotonic() - started
-    bulk = config.model_copy(update={"kafka": config.kafka.model_copy(update={"max_offsets_per_trigger": 1_000_000})})
+    kafka = config.kafka.model_copy(update={"max_offsets_per_trigger": 1_000_000})
+    bulk = config.model_copy(update={"kafka": kafka})
     batches, _ = run_query(spark, bulk, published)
     state_bytes = checkpoint_bytes(Path(config.checkpoint))
-    return {"keys": keys, "publish_s": round(publish_s, 1), "pipeline_s": round(time.monotonic() - started - publish_s, 1),
+    pipeline_s = time.monotonic() - started - publish_s
+    return {"keys": keys, "publish_s": round(publish_s, 1), "pipeline_s": round(pipeline_s, 1),
             "batches": len(batches), "checkpoint_bytes": state_bytes}
 
 
@@ -159,7 +161,8 @@ def state_bytes_per_batch(checkpoint: Path, batch_ids: list[int]) -> dict[str, i
     the batch's version (its changes), and the snapshots (``.zip`` and their SST files) made meanwhile."""
     changelogs = []
     for batch in batch_ids:
-        changelogs.append(sum(path.stat().st_size for path in checkpoint.glob(f"state/0/*/{batch + 1}.changelog")))
+        files = checkpoint.glob(f"state/0/*/{batch + 1}.changelog")
+        changelogs.append(sum(path.stat().st_size for path in files))
     ordered = sorted(changelogs) or [0]
     return {"batches": len(changelogs), "changelog_p50": ordered[len(ordered) // 2],
             "changelog_max": ordered[-1], "changelog_total": sum(changelogs)}
@@ -230,7 +233,8 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
                                     "kafka.max_offsets_per_trigger": batch_records,
                                     "kafka.events_topic_partitions": 6, **settings_from_environment()})
     session_start = time.monotonic()
-    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions, json.loads(os.environ.get("BENCH_CONF", "{}")))
+    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions,
+                          json.loads(os.environ.get("BENCH_CONF", "{}")))
     session_s = time.monotonic() - session_start
     preloaded = preload(broker, spark, config, preload_keys) if preload_keys else None
     started = time.monotonic()
@@ -286,7 +290,8 @@ def raw_records(progress: dict[str, Any]) -> int:
 
 
 def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw_partitions: int,
-            warmup: float, server: str = "lat", checkpoint: Path | None = None, first_key: int = 0) -> dict[str, Any]:
+            warmup: float, server: str = "lat", checkpoint: Path | None = None,
+            first_key: int = 0) -> dict[str, Any]:
     """With ``checkpoint`` (and the ``server`` whose raw topic it read), on the state it holds; the writes are
     of new keys from ``first_key`` on."""
     schema_file = work / "latency.cql"
@@ -325,7 +330,7 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
             if metadata is None or metadata.error is not None:
                 time.sleep(0.2)
                 continue
-            # From each partition's end: the events of an earlier run (the preload, the backlog) are not timed.
+            # From each partition's end: the events of the preload and the backlog are not timed.
             consumer.assign([TopicPartition(topic, partition, consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=10)[1]) for partition in metadata.partitions])
             break
@@ -388,7 +393,8 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
             "batches_with_data": len(progress), "batch_ms": batch_costs(progress),
             "worker_peak_rss": memory.peak_process, "workers_peak_rss_total": memory.peak_total,
             "checkpoint_bytes": checkpoint_bytes(checkpoint),
-            "state_written": state_bytes_per_batch(checkpoint, sorted(progress)), "load_average": os.getloadavg()}
+            "state_written": state_bytes_per_batch(checkpoint, sorted(progress)),
+            "load_average": os.getloadavg()}
 
 
 def batch_costs(progress: dict[int, dict]) -> dict[str, dict[str, int]]:
@@ -418,8 +424,9 @@ def main() -> None:
                         help="partitions of the raw topic in the latency run (the agent's default: 12); the "
                              "source reads each in its own task, every micro-batch")
     parser.add_argument("--preload-keys", type=int, default=0,
-                        help="partition keys put in the state first (one insert each, in batches of 1M records); "
-                             "the backlog then updates them, and the latency run writes on that state")
+                        help="partition keys put in the state first (one insert each, in batches of 1M "
+                             "records); the backlog then updates them, and the latency run writes on that "
+                             "state")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()

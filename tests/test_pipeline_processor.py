@@ -308,7 +308,7 @@ def test_a_group_records_its_timer_and_never_asks_spark_for_it(processor: Any) -
 
 
 def whole_group_value(handle: _MemoryHandle, group: Any, timer: int | None | str) -> tuple[bytes]:
-    """The group's partitions as one value, as the state layout before pages stored them: ``(timer, partitions)``,
+    """The group's partitions as one value, as the layout before pages stored them: ``(timer, partitions)``,
     or the partitions alone (``timer`` "unrecorded": before groups recorded their timer)."""
     partitions: dict[bytes, tuple[int | None, bytes]] = {}
     for value in handle.maps[group].values.values():
@@ -341,7 +341,8 @@ def test_a_group_stored_whole_is_paged_as_it_is_written_and_its_partitions_merge
     handle.values[(0,)].value = whole_group_value(handle, (0,), timer)
     handle.maps.pop((0,))
     events = run_batch(*processor, copies(Update("app.users", {"id": 7}, {"age": 70}, timestamp=NOW + 1)))
-    assert [(e["before"]["name"], e["before"]["age"], e["after"]["age"]) for e in events] == [("user7", 7, 70)]
+    assert [(e["before"]["name"], e["before"]["age"], e["after"]["age"]) for e in events] == [
+        ("user7", 7, 70)]
     pages = handle.maps[(0,)].values
     assert len(pages) > 1 and sum(len(pickle.loads(value[0])) for value in pages.values()) == len(keys) + 1
     assert handle.timers[(0,)] == [timer] and handle.timer_listings == 0
@@ -376,7 +377,8 @@ def test_pages_read_beyond_the_memory_bound_are_written_back_and_read_again(proc
     ann, bob = (Insert("app.users", {"id": key, "name": name, "age": 1}, timestamp=NOW)
                 for key, name in ((1, "ann"), (2, "bob")))
     run_batch(*processor, copies(ann) + copies(bob))
-    updates = [Update("app.users", {"id": key}, {"age": age}, timestamp=NOW + age) for age in (2, 3) for key in (1, 2)]
+    updates = [Update("app.users", {"id": key}, {"age": age}, timestamp=NOW + age)
+               for age in (2, 3) for key in (1, 2)]
     handle.maps[(0,)].calls = 0
     events = run_batch(*processor, [copy for update in updates for copy in copies(update)])
     assert [(e["after"]["id"], e["before"]["age"], e["after"]["age"]) for e in events] == [

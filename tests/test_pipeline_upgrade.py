@@ -1,5 +1,6 @@
-"""A pipeline restarted on a checkpoint written by the state layout before pages (tests/data, made by the
-code of main at f0c872c with tests/unpaged_checkpoint.py): it resumes where that one stopped, with its state."""
+"""A pipeline restarted on a checkpoint written by the state layout before pages (tests/data, made by
+the code of main at f0c872c with tests/unpaged_checkpoint.py): it resumes where that one stopped, with
+its state."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def test_a_checkpoint_of_groups_stored_whole_resumes_with_its_state_and_is_paged
     try:
         later = [Update("app.items", {"id": key}, {"qty": 10 * key}, timestamp=TIMESTAMP + 1000 + key)
                  for key in (3, 17, 40)]
-        publish(broker.bootstrap_servers, later + [Insert("app.items", {"id": 41, "name": "item41", "qty": 41},
-                                                          timestamp=TIMESTAMP + 2000)])
+        new = Insert("app.items", {"id": 41, "name": "item41", "qty": 41}, timestamp=TIMESTAMP + 2000)
+        publish(broker.bootstrap_servers, later + [new])
         assert wait_for(lambda: len(read_all(broker.bootstrap_servers, topic)) >= 4, timeout=300)
         time.sleep(5)  # anything written again (a restart from the raw topic's start) would be there by now
         payloads = [event["payload"] for event in read_all(broker.bootstrap_servers, topic)]

@@ -63,7 +63,8 @@ def events_count(bootstrap_servers: str) -> int:
     metadata = consumer.list_topics(timeout=10).topics.get(topic)
     if metadata is None or metadata.error is not None:
         return 0
-    return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in metadata.partitions)
+    return sum(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+               for partition in metadata.partitions)
 
 
 def main(archive: Path) -> None:
@@ -79,7 +80,7 @@ def main(archive: Path) -> None:
         spark = spark_session("local[2]", "checkpoint-maker", 2)
         query = start(spark, load_config(None, settings(broker.bootstrap_servers, checkpoint)))
         deadline = time.monotonic() + 300
-        # Each event is one record plus a transaction marker per batch: the count passes len(FIRST) once all are out.
+        # An event is one offset, plus a transaction marker per batch: past len(FIRST) once all are out.
         while events_count(broker.bootstrap_servers) < len(FIRST) and time.monotonic() < deadline:
             time.sleep(1)
         time.sleep(5)

@@ -3,8 +3,8 @@
 PySpark's stateful APIs cost about half a millisecond per grouping key and per state access
 (docs/pipeline.md, "How it works"), so grouping by partition key would cap the pipeline at a few
 thousand records per second. Records are instead grouped by raw topic partition (the agents key the
-topic by partition key): one call per raw partition per micro-batch, one state read and one state
-write, and all of its partition keys merged in one pass over its records.
+topic by partition key): one call per raw partition per micro-batch, a read and a write of each page
+of its state the records touch (below), and all of its partition keys merged in one pass over its records.
 
 The records reach the processor in one of two ways. With the Python source they are not in the rows
 at all: each row names a range of offsets of one raw topic partition (``emit=offsetRanges`` in
@@ -350,7 +350,7 @@ _PAGED = "pages"
 
 
 def page_of(partition_key: bytes, pages: int) -> int:
-    """The page of a partition key: the same in every process (unlike ``hash``, which is salted per process)."""
+    """The page of a partition key: the same in every process (``hash`` of bytes is salted per process)."""
     return zlib.crc32(partition_key) % pages
 
 
@@ -461,7 +461,7 @@ class PartitionGroup:
     def __init__(self, stored: dict[bytes, tuple[int | None, bytes]], timer: int | None = None) -> None:
         self.stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
         self._opened: dict[bytes, PartitionState] = {}
-        self.timer = timer  # of a group stored whole: registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
+        self.timer = timer  # of a group stored whole: registered (ms), or None, or _TIMER_NOT_RECORDED
 
     @classmethod
     def load(cls, value: bytes | None) -> "PartitionGroup":
@@ -493,7 +493,8 @@ class PartitionGroup:
     def due_keys(self, now_seconds: int) -> list[bytes]:
         """The partitions whose stored expiry has come (the opened ones sealed first)."""
         self.seal()
-        return [key for key, (expiry, _) in self.stored.items() if expiry is not None and expiry <= now_seconds]
+        return [key for key, (expiry, _) in self.stored.items()
+                if expiry is not None and expiry <= now_seconds]
 
     def seal(self) -> None:
         """Pickle the opened partitions again (and note their next expiries)."""
