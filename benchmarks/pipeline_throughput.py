@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from cassandra_cdc.agent import Agent  # noqa: E402
 from cassandra_cdc.agent import load_config as agent_config  # noqa: E402
@@ -60,9 +60,8 @@ def cpu_seconds() -> tuple[float, float]:
     how much of them it took. Reaped children count through their parent's cumulative times (Spark's
     daemons reap the workers).
     """
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    broker = 0
+    ours = {os.getpid(), *descendants(os.getpid())}
+    total = broker = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -73,19 +72,17 @@ def cpu_seconds() -> tuple[float, float]:
             used = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
             if b"noida" in command:
                 broker += used
-            else:
-                ticks[int(entry.name)] = used
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    total, pending = 0, [os.getpid()]
-    while pending:
-        pid = pending.pop()
-        total += ticks.get(pid, 0)
-        pending += children.get(pid, [])
+            elif int(entry.name) in ours:
+                total += used
     return total / CLOCK_TICKS, broker / CLOCK_TICKS
 
 
-def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int) -> int:
-    """Publish about ``records`` raw records (a multiple of 3: whole writes); return how many."""
+def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int, preloaded: bool = False,
+                    nodes: tuple[str, ...] = ("node1", "node2", "node3")) -> int:
+    """Publish about ``records`` raw records (a multiple of the copies: whole writes); return how many.
+
+    The first write of each of ``keys`` keys is an insert, the others updates; with ``preloaded`` (the keys
+    are in the state already), every write is an update of a key spread over all of them."""
     schema = parse_schema(SCHEMA)
     table = schema.table("bench", "users")
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
@@ -93,16 +90,16 @@ def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int
     record = SchemaRecord.of(table, "bench")
     producer.produce(server, record.encode(), record.key)
     broker.create_topic(f"{server}.raw", 12)
-    timestamp = time.time_ns() // 1000 - 3_600_000_000
-    for i in range(records // 3):
-        key = i % keys
-        if i < keys:
+    timestamp = time.time_ns() // 1000 - 3_600_000_000 + (3_000_000_000 if preloaded else 0)
+    for i in range(records // len(nodes)):
+        key = i * SPREAD % keys if preloaded else i % keys
+        if i < keys and not preloaded:
             op = Insert("bench.users", {"id": key, "name": f"user{key}", "email": f"u{key}@example.com", "age": 30,
                                         "score": 1.5, "city": "Lyon"}, timestamp=timestamp + i)
         else:
             op = Update("bench.users", {"id": key}, {"score": float(i), "age": i % 90}, timestamp=timestamp + i)
         update = MutationSerializer.serialize(Mutation(to_mutation(op, schema).updates), 7)[1:]
-        for node in ("node1", "node2", "node3"):
+        for node in nodes:
             value = RawRecord(node, 1, i, 7, timestamp + i, update).encode()
             while True:
                 try:
@@ -110,22 +107,33 @@ def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int
                     break
                 except BufferError:
                     producer.poll(0.1)
-    producer.flush(120)
-    return records // 3 * 3
+    producer.flush(600)
+    return records // len(nodes) * len(nodes)
 
 
-def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batch_records: int) -> dict[str, Any]:
-    server = "bench"
+# A multiplier prime to any key count used here: the updates of preloaded keys go to keys spread over all.
+SPREAD = 2_654_435_761
+
+
+def preload(broker: EmbeddedBroker, spark: Any, config: Any, keys: int) -> dict[str, Any]:
+    """Put ``keys`` partition keys in the state by a bulk path: one insert per key, one copy (not the three
+    replicas' copies: the others would be skipped by their digest anyway), read by the pipeline in batches
+    of 1M records, the largest it is given. Returns how long it took."""
     started = time.monotonic()
-    records = publish_backlog(broker, server, records, keys)
-    published = time.monotonic() - started
-    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
-                                    "kafka.bootstrap_servers": broker.bootstrap_servers,
-                                    "kafka.max_offsets_per_trigger": batch_records,
-                                    "kafka.events_topic_partitions": 6})
-    session_start = time.monotonic()
-    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions, json.loads(os.environ.get("BENCH_CONF", "{}")))
-    query_start, (cpu_start, broker_cpu_start) = time.monotonic(), cpu_seconds()
+    published = publish_backlog(broker, config.server, keys, keys, nodes=("node1",))
+    publish_s = time.monotonic() - started
+    kafka = config.kafka.model_copy(update={"max_offsets_per_trigger": 1_000_000})
+    bulk = config.model_copy(update={"kafka": kafka})
+    batches, _ = run_query(spark, bulk, published)
+    state_bytes = checkpoint_bytes(Path(config.checkpoint))
+    pipeline_s = time.monotonic() - started - publish_s
+    return {"keys": keys, "publish_s": round(publish_s, 1), "pipeline_s": round(pipeline_s, 1),
+            "batches": len(batches), "checkpoint_bytes": state_bytes}
+
+
+def run_query(spark: Any, config: Any, records: int) -> tuple[list[dict[str, Any]], float]:
+    """Run the pipeline until it has read ``records`` raw records more than its checkpoint had; its batches
+    with data, in order, and the query's start (epoch seconds)."""
     query_start_epoch = time.time()
     query = start(spark, config)
     # By batch id: recentProgress keeps only the last 100 updates, and the state's timers add no-data batches.
@@ -135,10 +143,107 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
         if query.exception() is not None:
             raise RuntimeError(f"the pipeline failed: {query.exception()}")
         batches.update((p["batchId"], p) for p in query.recentProgress if raw_records(p))
-    cpu, broker_cpu = (used - start for used, start in zip(cpu_seconds(), (cpu_start, broker_cpu_start)))
     query.stop()
-    spark.stop()
-    ordered = [batches[i] for i in sorted(batches)]
+    return [batches[i] for i in sorted(batches)], query_start_epoch
+
+
+def settings_from_environment() -> dict[str, Any]:
+    """Pipeline settings of a run (BENCH_SETTINGS, JSON: e.g. {"spark.state_pages": 1024})."""
+    return json.loads(os.environ.get("BENCH_SETTINGS", "{}"))
+
+
+def checkpoint_bytes(checkpoint: Path) -> int:
+    return sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
+
+
+def state_bytes_per_batch(checkpoint: Path, batch_ids: list[int]) -> dict[str, int]:
+    """What the state store wrote to the checkpoint for these batches: each state partition's changelog of
+    the batch's version (its changes), and the snapshots (``.zip`` and their SST files) made meanwhile."""
+    changelogs = []
+    for batch in batch_ids:
+        files = checkpoint.glob(f"state/0/*/{batch + 1}.changelog")
+        changelogs.append(sum(path.stat().st_size for path in files))
+    ordered = sorted(changelogs) or [0]
+    return {"batches": len(changelogs), "changelog_p50": ordered[len(ordered) // 2],
+            "changelog_max": ordered[-1], "changelog_total": sum(changelogs)}
+
+
+class WorkerMemory:
+    """The peak resident memory of the Python processes under this one (Spark's Python daemon and workers),
+    sampled each ``interval`` seconds: the largest single process and the largest sum at one time."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.peak_process = 0
+        self.peak_total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(interval,), daemon=True)
+
+    def start(self) -> "WorkerMemory":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> "WorkerMemory":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _sample(self, interval: float) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(interval):
+            total = 0
+            for pid in descendants(os.getpid()):
+                try:
+                    if b"python" not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:
+                        continue
+                    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                except OSError:
+                    continue  # ended meanwhile
+                total += rss
+                self.peak_process = max(self.peak_process, rss)
+            self.peak_total = max(self.peak_total, total)
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], list(children.get(root, []))
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending += children.get(pid, [])
+    return found
+
+
+def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batch_records: int,
+               preload_keys: int) -> dict[str, Any]:
+    server = "bench"
+    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
+                                    "kafka.bootstrap_servers": broker.bootstrap_servers,
+                                    "kafka.max_offsets_per_trigger": batch_records,
+                                    "kafka.events_topic_partitions": 6, **settings_from_environment()})
+    session_start = time.monotonic()
+    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions,
+                          json.loads(os.environ.get("BENCH_CONF", "{}")))
+    session_s = time.monotonic() - session_start
+    preloaded = preload(broker, spark, config, preload_keys) if preload_keys else None
+    started = time.monotonic()
+    records = publish_backlog(broker, server, records, preload_keys or keys, preloaded=bool(preload_keys))
+    published = time.monotonic() - started
+    cpu_start, broker_cpu_start = cpu_seconds()
+    with WorkerMemory() as memory:
+        ordered, query_start_epoch = run_query(spark, config, records)
+    cpu, broker_cpu = (used - start for used, start in zip(cpu_seconds(), (cpu_start, broker_cpu_start)))
     first = ordered[0]
     # From the query's start (or from the end of its first batch, which pays the cold start: the query's
     # planning, the Python workers' start, the JVM's compilation) to the end of the batch that read the last
@@ -146,7 +251,7 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
     total = _batch_end(ordered[-1]) - query_start_epoch
     steady = _batch_end(ordered[-1]) - _batch_end(first)
     state = ordered[-1]["stateOperators"][0]
-    return {"records": records, "publish_s": published, "session_s": query_start - session_start,
+    return {"records": records, "preload": preloaded, "publish_s": published, "session_s": session_s,
             "query_s": total, "first_batch_s": first["batchDuration"] / 1000, "records_per_s": records / total,
             "per_core": records / total / CORES,
             "steady_per_core": (records - raw_records(first)) / steady / CORES if steady > 0 else 0.0,
@@ -158,6 +263,9 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
             "batch_start_s": [round(_epoch_seconds(p["timestamp"]) - query_start_epoch, 2) for p in ordered],
             "first_batch_ms": first["durationMs"],
             "state_rows": state["numRowsTotal"], "state_memory_bytes": state["memoryUsedBytes"],
+            "worker_peak_rss": memory.peak_process, "workers_peak_rss_total": memory.peak_total,
+            "checkpoint_bytes": checkpoint_bytes(Path(config.checkpoint)),
+            "state_written": state_bytes_per_batch(Path(config.checkpoint), [p["batchId"] for p in ordered]),
             "state_metrics": {k: v for k, v in state.get("customMetrics", {}).items()
                               if k in ("rocksdbSstFileSize", "rocksdbTotalBytesWritten")}}
 
@@ -182,8 +290,10 @@ def raw_records(progress: dict[str, Any]) -> int:
 
 
 def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw_partitions: int,
-            warmup: float) -> dict[str, Any]:
-    server = "lat"
+            warmup: float, server: str = "lat", checkpoint: Path | None = None,
+            first_key: int = 0) -> dict[str, Any]:
+    """With ``checkpoint`` (and the ``server`` whose raw topic it read), on the state it holds; the writes are
+    of new keys from ``first_key`` on."""
     schema_file = work / "latency.cql"
     schema_file.write_text(SCHEMA)
     schema = parse_schema(SCHEMA)
@@ -198,12 +308,14 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
         thread = threading.Thread(target=agent.run, daemon=True)
         thread.start()
         agents.append((agent, thread))
-    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "lat-checkpoint"),
+    checkpoint = checkpoint or work / "lat-checkpoint"
+    config = pipeline_config(None, {"server": server, "checkpoint": str(checkpoint),
                                     "kafka.bootstrap_servers": broker.bootstrap_servers,
                                     "spark.trigger_interval": "100 milliseconds",
-                                    "kafka.events_topic_partitions": 2})
+                                    "kafka.events_topic_partitions": 2, **settings_from_environment()})
     spark = spark_session("local[2]", "latency-benchmark", config.spark.shuffle_partitions,
                           json.loads(os.environ.get("BENCH_CONF", "{}")))
+    memory = WorkerMemory().start()
     query = start(spark, config)
     written: dict[int, float] = {}
     arrived: dict[int, float] = {}
@@ -214,10 +326,13 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
                              "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
         topic = f"{server}.bench.users"
         while not stop.is_set():
-            if topic not in consumer.list_topics(timeout=5).topics:
+            metadata = consumer.list_topics(timeout=5).topics.get(topic)
+            if metadata is None or metadata.error is not None:
                 time.sleep(0.2)
                 continue
-            consumer.subscribe([topic])
+            # From each partition's end: the events of the preload and the backlog are not timed.
+            consumer.assign([TopicPartition(topic, partition, consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10)[1]) for partition in metadata.partitions])
             break
         while not stop.is_set():
             for message in consumer.consume(500, timeout=0.2):
@@ -231,7 +346,7 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
     time.sleep(10)  # the session and the query start
     interval = 1 / rate
     next_sync = time.monotonic()
-    key = 0
+    key = first_key
     # The first writes meet a cold pipeline (its stateful stage's Python workers start with the first batch
     # that has data, and the JVM compiles as it goes): they are written, but measured apart from the rest.
     measured_from = time.monotonic() + warmup
@@ -259,7 +374,7 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
     stop.set()
     progress.update((p["batchId"], p) for p in query.recentProgress if raw_records(p))
     query.stop()
-    spark.stop()
+    memory.stop()
     for agent, thread in agents:
         agent.stop()
         thread.join(30)
@@ -268,13 +383,18 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
     delays = sorted(in_order)
     quarters = [sorted(in_order[i * len(in_order) // 4:(i + 1) * len(in_order) // 4]) for i in range(4)]
     return {"warmup_writes": len(written) - len(measured),
-            "first_write_ms": round(1000 * (arrived[1] - written[1])) if 1 in arrived else None,
+            "first_write_ms": (round(1000 * (arrived[first_key + 1] - written[first_key + 1]))
+                               if first_key + 1 in arrived else None),
             "warmup_p99_ms": round(1000 * percentile(sorted(arrived[k] - written[k] for k in written
                                                            if k not in measured and k in arrived), 0.99)),
             "writes": len(measured), "events": len(delays), "p50_ms": 1000 * statistics.median(delays),
             "p99_ms": 1000 * percentile(delays, 0.99), "max_ms": 1000 * delays[-1],
             "p99_ms_by_quarter": [round(1000 * percentile(quarter, 0.99)) for quarter in quarters if quarter],
-            "batches_with_data": len(progress), "batch_ms": batch_costs(progress)}
+            "batches_with_data": len(progress), "batch_ms": batch_costs(progress),
+            "worker_peak_rss": memory.peak_process, "workers_peak_rss_total": memory.peak_total,
+            "checkpoint_bytes": checkpoint_bytes(checkpoint),
+            "state_written": state_bytes_per_batch(checkpoint, sorted(progress)),
+            "load_average": os.getloadavg()}
 
 
 def batch_costs(progress: dict[int, dict]) -> dict[str, dict[str, int]]:
@@ -303,20 +423,27 @@ def main() -> None:
     parser.add_argument("--raw-partitions", type=int, default=12,
                         help="partitions of the raw topic in the latency run (the agent's default: 12); the "
                              "source reads each in its own task, every micro-batch")
+    parser.add_argument("--preload-keys", type=int, default=0,
+                        help="partition keys put in the state first (one insert each, in batches of 1M "
+                             "records); the backlog then updates them, and the latency run writes on that "
+                             "state")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory, EmbeddedBroker(Path(directory) / "broker") as broker:
         work = Path(directory)
         if not args.skip_throughput:
-            figures = throughput(broker, work, args.records, args.keys, args.batch_records)
+            figures = throughput(broker, work, args.records, args.keys, args.batch_records, args.preload_keys)
             print("throughput:", json.dumps(figures, indent=1))
             print(f"target 20,000 raw records/s per core: {'met' if figures['per_core'] >= 20_000 else 'NOT met'}")
         if args.skip_latency:
             return
-        lat = latency(broker, work, args.latency_seconds, args.rate, args.raw_partitions, args.warmup_seconds)
+        on_state = {"server": "bench", "checkpoint": work / "checkpoint", "first_key": args.preload_keys}
+        lat = latency(broker, work, args.latency_seconds, args.rate, args.raw_partitions, args.warmup_seconds,
+                      **(on_state if args.preload_keys and not args.skip_throughput else {}))
         print("latency:", json.dumps(lat, indent=1))
         print(f"target p99 < 2 s: {'met' if lat['p99_ms'] < 2000 else 'NOT met'}")
+    spark_session("local[2]", "pipeline-benchmark", 2).stop()
 
 
 if __name__ == "__main__":
