@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -39,11 +40,12 @@ from cassandra_cdc.agent import Agent  # noqa: E402
 from cassandra_cdc.agent import load_config as agent_config  # noqa: E402
 from cassandra_cdc.commitlog import Mutation, MutationSerializer  # noqa: E402
 from cassandra_cdc.pipeline.pipeline_config import load_config as pipeline_config  # noqa: E402
+from cassandra_cdc.pipeline.change_processor import page_of  # noqa: E402
 from cassandra_cdc.pipeline.streaming_job import start  # noqa: E402
 from cassandra_cdc.pipeline.spark_session import spark_session  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402
 from cassandra_cdc.simulator import Cluster, EmbeddedBroker, Insert, Update, to_mutation  # noqa: E402
-from cassandra_cdc.kafka.raw_records import RawRecord, record_key  # noqa: E402
+from cassandra_cdc.kafka.raw_records import RawRecord, encode_update, record_key  # noqa: E402
 from cassandra_cdc.kafka.schema_records import SchemaRecord  # noqa: E402
 
 SCHEMA = """CREATE TABLE bench.users (id bigint PRIMARY KEY, name text, email text, age int, score double,
@@ -77,21 +79,17 @@ def cpu_seconds() -> tuple[float, float]:
     return total / CLOCK_TICKS, broker / CLOCK_TICKS
 
 
-def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int, preloaded: bool = False,
-                    nodes: tuple[str, ...] = ("node1", "node2", "node3")) -> int:
-    """Publish about ``records`` raw records (a multiple of the copies: whole writes); return how many.
+def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int,
+                    preloaded: bool = False) -> int:
+    """Publish about ``records`` raw records (a multiple of 3: whole writes, one copy per replica); return how
+    many.
 
     The first write of each of ``keys`` keys is an insert, the others updates; with ``preloaded`` (the keys
     are in the state already), every write is an update of a key spread over all of them."""
     schema = parse_schema(SCHEMA)
-    table = schema.table("bench", "users")
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 20, "compression.type": "lz4"})
-    record = SchemaRecord.of(table, "bench")
-    producer.produce(server, record.encode(), record.key)
-    broker.create_topic(f"{server}.raw", 12)
+    producer = raw_producer(broker.bootstrap_servers)
     timestamp = time.time_ns() // 1000 - 3_600_000_000 + (3_000_000_000 if preloaded else 0)
-    for i in range(records // len(nodes)):
+    for i in range(records // 3):
         key = i * SPREAD % keys if preloaded else i % keys
         if i < keys and not preloaded:
             op = Insert("bench.users", {"id": key, "name": f"user{key}", "email": f"u{key}@example.com", "age": 30,
@@ -99,32 +97,115 @@ def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int
         else:
             op = Update("bench.users", {"id": key}, {"score": float(i), "age": i % 90}, timestamp=timestamp + i)
         update = MutationSerializer.serialize(Mutation(to_mutation(op, schema).updates), 7)[1:]
-        for node in nodes:
+        for node in ("node1", "node2", "node3"):
             value = RawRecord(node, 1, i, 7, timestamp + i, update).encode()
-            while True:
-                try:
-                    producer.produce(f"{server}.raw", value, record_key(update))
-                    break
-                except BufferError:
-                    producer.poll(0.1)
+            produce(producer, f"{server}.raw", record_key(update), value)
     producer.flush(600)
-    return records // len(nodes) * len(nodes)
+    return records // 3 * 3
+
+
+def create_raw_topic(broker: EmbeddedBroker, server: str) -> None:
+    """The raw topic, and the table's definition on the schema topic, as the agents publish them."""
+    record = SchemaRecord.of(parse_schema(SCHEMA).table("bench", "users"), "bench")
+    producer = raw_producer(broker.bootstrap_servers)
+    producer.produce(server, record.encode(), record.key)
+    producer.flush(60)
+    broker.create_topic(f"{server}.raw", 12)
+
+
+def raw_producer(bootstrap_servers: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                     "linger.ms": 20, "compression.type": "lz4"})
+
+
+def produce(producer: Producer, topic: str, key: bytes, value: bytes) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key)
+            return
+        except BufferError:  # the producer's queue is full: wait for deliveries
+            producer.poll(0.1)
 
 
 # A multiplier prime to any key count used here: the updates of preloaded keys go to keys spread over all.
 SPREAD = 2_654_435_761
+# The id of the preload's template insert: its 8 bytes are nowhere else in the insert's serialization.
+TEMPLATE_KEY = 0x5EED_0DD5_5EED_0DD5
+
+
+def preload_insert(key: int, timestamp: int) -> bytes:
+    """The partition update of the preload's insert of ``key``, serialized as an agent reads it."""
+    op = Insert("bench.users", {"id": key, "name": "preloaded", "email": "preloaded@example.com", "age": 30,
+                                "score": 1.5, "city": "Lyon"}, timestamp=timestamp)
+    return MutationSerializer.serialize(Mutation(to_mutation(op, parse_schema(SCHEMA)).updates), 7)[1:]
+
+
+class PreloadInserts:
+    """The preload's inserts, one per key, made from one serialized insert with its key's bytes replaced:
+    the serializer costs ~0.1 ms a record in Python, a replacement microseconds. Every value but the key is
+    the same for all keys, so the bytes are the serializer's own (``check`` compares them)."""
+
+    def __init__(self, timestamp: int) -> None:
+        self.timestamp = timestamp
+        self.template = preload_insert(TEMPLATE_KEY, timestamp)
+        marker = _key_bytes(TEMPLATE_KEY)
+        self.offsets = [i for i in range(len(self.template)) if self.template.startswith(marker, i)]
+
+    def update(self, key: int) -> bytes:
+        update = bytearray(self.template)
+        for offset in self.offsets:
+            update[offset:offset + 8] = _key_bytes(key)
+        return bytes(update)
+
+    def check(self, keys: list[int]) -> None:
+        for key in keys:
+            if self.update(key) != preload_insert(key, self.timestamp):
+                raise AssertionError(f"the preload's insert of key {key} differs from the serializer's")
+
+
+def _key_bytes(key: int) -> bytes:
+    return key.to_bytes(8, "big", signed=True)  # a bigint partition key, as Cassandra serializes it
+
+
+def publish_preload(bootstrap_servers: str, topic: str, keys: list[int], timestamp: int) -> None:
+    """One replica's raw records of the inserts of ``keys``, in that order (one process's share)."""
+    inserts = PreloadInserts(timestamp)
+    producer = raw_producer(bootstrap_servers)
+    for key in keys:
+        record_key_bytes, value = encode_update(b"node1", 1, key, 7, inserts.update(key))
+        produce(producer, topic, record_key_bytes, value)
+    producer.flush(600)
+
+
+def keys_by_page(keys: int, pages: int, table_id: bytes) -> list[list[int]]:
+    """The keys in the order of their state pages, in one share per core (each a range of pages).
+
+    A group keeps a bounded number of its pages read (``PAGES_IN_MEMORY_BYTES``): inserts in page order
+    read and write each page once per batch, as a bulk load in key order would, where inserts in random
+    order would write pages back and read them again once the state outgrows the bound."""
+    page = [page_of(table_id + _key_bytes(key), pages) for key in range(keys)]
+    ordered = sorted(range(keys), key=page.__getitem__)
+    return [ordered[keys * i // CORES:keys * (i + 1) // CORES] for i in range(CORES)]
 
 
 def preload(broker: EmbeddedBroker, spark: Any, config: Any, keys: int) -> dict[str, Any]:
     """Put ``keys`` partition keys in the state by a bulk path: one insert per key, one copy (not the three
-    replicas' copies: the others would be skipped by their digest anyway), read by the pipeline in batches
-    of 1M records, the largest it is given. Returns how long it took."""
+    replicas' copies: the others would be skipped by their digest anyway), in the order of their state pages,
+    published by one process per core, then read by the pipeline in batches of 1M records, the largest it is
+    given. Returns how long it took."""
     started = time.monotonic()
-    published = publish_backlog(broker, config.server, keys, keys, nodes=("node1",))
+    timestamp = time.time_ns() // 1000 - 3_600_000_000
+    PreloadInserts(timestamp).check([0, 1, keys // 2, keys - 1])
+    table_id = parse_schema(SCHEMA).table("bench", "users").id.bytes
+    shares = [(broker.bootstrap_servers, f"{config.server}.raw", share, timestamp)
+              for share in keys_by_page(keys, config.spark.state_pages, table_id)]
+    # Spawned, not forked: this process runs the JVM's gateway and librdkafka threads.
+    with multiprocessing.get_context("spawn").Pool(CORES) as pool:
+        pool.starmap(publish_preload, shares)
     publish_s = time.monotonic() - started
     kafka = config.kafka.model_copy(update={"max_offsets_per_trigger": 1_000_000})
     bulk = config.model_copy(update={"kafka": kafka})
-    batches, _ = run_query(spark, bulk, published)
+    batches, _ = run_query(spark, bulk, keys)
     state_bytes = checkpoint_bytes(Path(config.checkpoint))
     pipeline_s = time.monotonic() - started - publish_s
     return {"keys": keys, "publish_s": round(publish_s, 1), "pipeline_s": round(pipeline_s, 1),
@@ -236,6 +317,7 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
     spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions,
                           json.loads(os.environ.get("BENCH_CONF", "{}")))
     session_s = time.monotonic() - session_start
+    create_raw_topic(broker, server)
     preloaded = preload(broker, spark, config, preload_keys) if preload_keys else None
     started = time.monotonic()
     records = publish_backlog(broker, server, records, preload_keys or keys, preloaded=bool(preload_keys))
