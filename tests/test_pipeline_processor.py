@@ -33,7 +33,8 @@ from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.merge.reconcile import apply
 from cassandra_cdc.pipeline import change_processor
-from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, collector_paused, PartitionPage
+from cassandra_cdc.pipeline.change_processor import (ChangeProcessor, PartitionPage, ProcessorSettings,
+                                                     collector_paused)
 from cassandra_cdc.pipeline.event_sink import SinkSettings, MicroBatchTask, TaskSink
 from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
@@ -731,8 +732,10 @@ def test_a_truncation_reaches_the_pages_a_batch_did_not_read_when_they_are_read(
     events = run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
     assert [(e["op"], e["before"]["id"]) for e in events] == [("d", 100)]
     late = copies(Update("app.users", {"id": 7}, {"age": 70}, timestamp=NOW + 5), nodes=("node4444",))
-    events = run_batch(*processor, late + copies(Update("app.users", {"id": 8}, {"age": 80}, timestamp=after_us)))
-    assert [(e["op"], e["before"], e["after"]) for e in events] == [("c", None, {"id": 8, "name": None, "age": 80})]
+    later = copies(Update("app.users", {"id": 8}, {"age": 80}, timestamp=after_us))
+    events = run_batch(*processor, late + later)
+    assert [(e["op"], e["before"], e["after"]) for e in events] == [
+        ("c", None, {"id": 8, "name": None, "age": 80})]
 
 
 def test_a_group_stored_whole_with_its_truncations_keeps_them_once_paged(processor: Any) -> None:
@@ -742,14 +745,17 @@ def test_a_group_stored_whole_with_its_truncations_keeps_them_once_paged(process
     owner, handle = processor
     truncated_ms = NOW // 1000 + 10
     after_us = (truncated_ms + 10) * 1000
-    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=after_us)))
+    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30},
+                                        timestamp=after_us)))
     deletion = change_processor.truncation_deletion(truncated_ms)
     table_id = SCHEMA.table("app", "users").id.bytes
     (partitions,) = whole_group_value(handle, (0,), None)
     _, stored = pickle.loads(partitions)
-    handle.values[(0,)].value = (pickle.dumps((None, stored, {table_id: deletion}, {table_id: truncated_ms})),)
+    whole = (None, stored, {table_id: deletion}, {table_id: truncated_ms})
+    handle.values[(0,)].value = (pickle.dumps(whole),)
     handle.maps.pop((0,))
-    late = copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW), nodes=("node4444",))
+    late = copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW),
+                  nodes=("node4444",))
     events = run_batch(*processor, late + truncation_copies(truncated_ms)
                        + copies(Update("app.users", {"id": 1}, {"age": 31}, timestamp=after_us + 1)))
     assert [(e["op"], e["before"]["age"], e["after"]["age"]) for e in events] == [("u", 30, 31)]

@@ -39,8 +39,8 @@ TIMESTAMP = 1_790_000_000_000_000  # fixed: the records are the same bytes whene
 FIRST = [Insert("app.items", {"id": key, "name": f"item{key}", "qty": key}, timestamp=TIMESTAMP + key)
          for key in range(1, 41)]
 TRUNCATED_MS = TIMESTAMP // 1000 + 100
-AFTER = [Insert("app.items", {"id": key, "name": f"item{key}", "qty": key}, timestamp=TIMESTAMP + 200_000 + key)
-         for key in range(1, 21)]
+AFTER = [Insert("app.items", {"id": key, "name": f"item{key}", "qty": key},
+                timestamp=TIMESTAMP + 200_000 + key) for key in range(1, 21)]
 NODES = ("node1", "node2", "node3")
 EVENTS = len(FIRST) + 1 + len(AFTER)  # the truncation's event once
 

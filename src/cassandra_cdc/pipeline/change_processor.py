@@ -27,9 +27,9 @@ What a record costs in Python is kept to what only Python can do (decode, merge,
   its next expiry and its pickled merge state (see ``merge.py``). A batch reads and writes only the
   pages its records touch, and unpickles and pickles again only the partitions it touches, so that its
   cost and the bytes it writes to the checkpoint follow the batch, not the table; a group's
-  ``ValueState`` is a small index (the group's timer, each page's next expiry, its truncations). Pages are state calls
-  (one read, one write each, at a fraction of a millisecond): fewer, fuller pages make large batches
-  cheaper, more, smaller pages make small batches write less (``spark.state_pages``).
+  ``ValueState`` is a small index (the group's timer, each page's next expiry, its truncations). Pages
+  are state calls (one read, one write each, at a fraction of a millisecond): fewer, fuller pages make
+  large batches cheaper, more, smaller pages make small batches write less (``spark.state_pages``).
 
 Truncation: a ``TRUNCATE`` reaches the raw topic as one truncation record per node and raw partition
 (``TruncationRecord``). Each group applies it as a deletion of every partition of the table it holds (in
@@ -543,7 +543,8 @@ class PagedGroup:
             if page.truncations.get(table_id) == deletion:
                 continue
             table = self._definition(table_id)
-            if table is not None:  # otherwise its partitions cannot be merged either: applied once it is known
+            # Unknown: its partitions cannot be merged either; applied once it is known.
+            if table is not None:
                 page.truncate(table_id, deletion, table)
 
     def _write_page(self, page: int, read: tuple[PartitionPage, int]) -> None:
