@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -33,17 +34,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from cassandra_cdc.agent import Agent  # noqa: E402
 from cassandra_cdc.agent import load_config as agent_config  # noqa: E402
 from cassandra_cdc.commitlog import Mutation, MutationSerializer  # noqa: E402
 from cassandra_cdc.pipeline.pipeline_config import load_config as pipeline_config  # noqa: E402
+from cassandra_cdc.pipeline.change_processor import page_of  # noqa: E402
 from cassandra_cdc.pipeline.streaming_job import start  # noqa: E402
 from cassandra_cdc.pipeline.spark_session import spark_session  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402
 from cassandra_cdc.simulator import Cluster, EmbeddedBroker, Insert, Update, to_mutation  # noqa: E402
-from cassandra_cdc.kafka.raw_records import RawRecord, record_key  # noqa: E402
+from cassandra_cdc.kafka.raw_records import RawRecord, encode_update, record_key  # noqa: E402
 from cassandra_cdc.kafka.schema_records import SchemaRecord  # noqa: E402
 
 SCHEMA = """CREATE TABLE bench.users (id bigint PRIMARY KEY, name text, email text, age int, score double,
@@ -60,9 +62,8 @@ def cpu_seconds() -> tuple[float, float]:
     how much of them it took. Reaped children count through their parent's cumulative times (Spark's
     daemons reap the workers).
     """
-    children: dict[int, list[int]] = {}
-    ticks: dict[int, int] = {}
-    broker = 0
+    ours = {os.getpid(), *descendants(os.getpid())}
+    total = broker = 0
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
@@ -73,30 +74,24 @@ def cpu_seconds() -> tuple[float, float]:
             used = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
             if b"noida" in command:
                 broker += used
-            else:
-                ticks[int(entry.name)] = used
-                children.setdefault(int(fields[1]), []).append(int(entry.name))
-    total, pending = 0, [os.getpid()]
-    while pending:
-        pid = pending.pop()
-        total += ticks.get(pid, 0)
-        pending += children.get(pid, [])
+            elif int(entry.name) in ours:
+                total += used
     return total / CLOCK_TICKS, broker / CLOCK_TICKS
 
 
-def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int) -> int:
-    """Publish about ``records`` raw records (a multiple of 3: whole writes); return how many."""
+def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int,
+                    preloaded: bool = False) -> int:
+    """Publish about ``records`` raw records (a multiple of 3: whole writes, one copy per replica); return how
+    many.
+
+    The first write of each of ``keys`` keys is an insert, the others updates; with ``preloaded`` (the keys
+    are in the state already), every write is an update of a key spread over all of them."""
     schema = parse_schema(SCHEMA)
-    table = schema.table("bench", "users")
-    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
-                         "acks": "all", "linger.ms": 20, "compression.type": "lz4"})
-    record = SchemaRecord.of(table, "bench")
-    producer.produce(server, record.encode(), record.key)
-    broker.create_topic(f"{server}.raw", 12)
-    timestamp = time.time_ns() // 1000 - 3_600_000_000
+    producer = raw_producer(broker.bootstrap_servers)
+    timestamp = time.time_ns() // 1000 - 3_600_000_000 + (3_000_000_000 if preloaded else 0)
     for i in range(records // 3):
-        key = i % keys
-        if i < keys:
+        key = i * SPREAD % keys if preloaded else i % keys
+        if i < keys and not preloaded:
             op = Insert("bench.users", {"id": key, "name": f"user{key}", "email": f"u{key}@example.com", "age": 30,
                                         "score": 1.5, "city": "Lyon"}, timestamp=timestamp + i)
         else:
@@ -104,28 +99,122 @@ def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int
         update = MutationSerializer.serialize(Mutation(to_mutation(op, schema).updates), 7)[1:]
         for node in ("node1", "node2", "node3"):
             value = RawRecord(node, 1, i, 7, timestamp + i, update).encode()
-            while True:
-                try:
-                    producer.produce(f"{server}.raw", value, record_key(update))
-                    break
-                except BufferError:
-                    producer.poll(0.1)
-    producer.flush(120)
+            produce(producer, f"{server}.raw", record_key(update), value)
+    producer.flush(600)
     return records // 3 * 3
 
 
-def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batch_records: int) -> dict[str, Any]:
-    server = "bench"
+def create_raw_topic(broker: EmbeddedBroker, server: str) -> None:
+    """The raw topic, and the table's definition on the schema topic, as the agents publish them."""
+    record = SchemaRecord.of(parse_schema(SCHEMA).table("bench", "users"), "bench")
+    producer = raw_producer(broker.bootstrap_servers)
+    producer.produce(server, record.encode(), record.key)
+    producer.flush(60)
+    broker.create_topic(f"{server}.raw", 12)
+
+
+def raw_producer(bootstrap_servers: str) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                     "linger.ms": 20, "compression.type": "lz4"})
+
+
+def produce(producer: Producer, topic: str, key: bytes, value: bytes) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key)
+            return
+        except BufferError:  # the producer's queue is full: wait for deliveries
+            producer.poll(0.1)
+
+
+# A multiplier prime to any key count used here: the updates of preloaded keys go to keys spread over all.
+SPREAD = 2_654_435_761
+# The id of the preload's template insert: its 8 bytes are nowhere else in the insert's serialization.
+TEMPLATE_KEY = 0x5EED_0DD5_5EED_0DD5
+
+
+def preload_insert(key: int, timestamp: int) -> bytes:
+    """The partition update of the preload's insert of ``key``, serialized as an agent reads it."""
+    op = Insert("bench.users", {"id": key, "name": "preloaded", "email": "preloaded@example.com", "age": 30,
+                                "score": 1.5, "city": "Lyon"}, timestamp=timestamp)
+    return MutationSerializer.serialize(Mutation(to_mutation(op, parse_schema(SCHEMA)).updates), 7)[1:]
+
+
+class PreloadInserts:
+    """The preload's inserts, one per key, made from one serialized insert with its key's bytes replaced:
+    the serializer costs ~0.1 ms a record in Python, a replacement microseconds. Every value but the key is
+    the same for all keys, so the bytes are the serializer's own (``check`` compares them)."""
+
+    def __init__(self, timestamp: int) -> None:
+        self.timestamp = timestamp
+        self.template = preload_insert(TEMPLATE_KEY, timestamp)
+        marker = _key_bytes(TEMPLATE_KEY)
+        self.offsets = [i for i in range(len(self.template)) if self.template.startswith(marker, i)]
+
+    def update(self, key: int) -> bytes:
+        update = bytearray(self.template)
+        for offset in self.offsets:
+            update[offset:offset + 8] = _key_bytes(key)
+        return bytes(update)
+
+    def check(self, keys: list[int]) -> None:
+        for key in keys:
+            if self.update(key) != preload_insert(key, self.timestamp):
+                raise AssertionError(f"the preload's insert of key {key} differs from the serializer's")
+
+
+def _key_bytes(key: int) -> bytes:
+    return key.to_bytes(8, "big", signed=True)  # a bigint partition key, as Cassandra serializes it
+
+
+def publish_preload(bootstrap_servers: str, topic: str, keys: list[int], timestamp: int) -> None:
+    """One replica's raw records of the inserts of ``keys``, in that order (one process's share)."""
+    inserts = PreloadInserts(timestamp)
+    producer = raw_producer(bootstrap_servers)
+    for key in keys:
+        record_key_bytes, value = encode_update(b"node1", 1, key, 7, inserts.update(key))
+        produce(producer, topic, record_key_bytes, value)
+    producer.flush(600)
+
+
+def keys_by_page(keys: int, pages: int, table_id: bytes) -> list[list[int]]:
+    """The keys in the order of their state pages, in one share per core (each a range of pages).
+
+    A group keeps a bounded number of its pages read (``PAGES_IN_MEMORY_BYTES``): inserts in page order
+    read and write each page once per batch, as a bulk load in key order would, where inserts in random
+    order would write pages back and read them again once the state outgrows the bound."""
+    page = [page_of(table_id + _key_bytes(key), pages) for key in range(keys)]
+    ordered = sorted(range(keys), key=page.__getitem__)
+    return [ordered[keys * i // CORES:keys * (i + 1) // CORES] for i in range(CORES)]
+
+
+def preload(broker: EmbeddedBroker, spark: Any, config: Any, keys: int) -> dict[str, Any]:
+    """Put ``keys`` partition keys in the state by a bulk path: one insert per key, one copy (not the three
+    replicas' copies: the others would be skipped by their digest anyway), in the order of their state pages,
+    published by one process per core, then read by the pipeline in batches of 1M records, the largest it is
+    given. Returns how long it took."""
     started = time.monotonic()
-    records = publish_backlog(broker, server, records, keys)
-    published = time.monotonic() - started
-    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
-                                    "kafka.bootstrap_servers": broker.bootstrap_servers,
-                                    "kafka.max_offsets_per_trigger": batch_records,
-                                    "kafka.events_topic_partitions": 6})
-    session_start = time.monotonic()
-    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions, json.loads(os.environ.get("BENCH_CONF", "{}")))
-    query_start, (cpu_start, broker_cpu_start) = time.monotonic(), cpu_seconds()
+    timestamp = time.time_ns() // 1000 - 3_600_000_000
+    PreloadInserts(timestamp).check([0, 1, keys // 2, keys - 1])
+    table_id = parse_schema(SCHEMA).table("bench", "users").id.bytes
+    shares = [(broker.bootstrap_servers, f"{config.server}.raw", share, timestamp)
+              for share in keys_by_page(keys, config.spark.state_pages, table_id)]
+    # Spawned, not forked: this process runs the JVM's gateway and librdkafka threads.
+    with multiprocessing.get_context("spawn").Pool(CORES) as pool:
+        pool.starmap(publish_preload, shares)
+    publish_s = time.monotonic() - started
+    kafka = config.kafka.model_copy(update={"max_offsets_per_trigger": 1_000_000})
+    bulk = config.model_copy(update={"kafka": kafka})
+    batches, _ = run_query(spark, bulk, keys)
+    state_bytes = checkpoint_bytes(Path(config.checkpoint))
+    pipeline_s = time.monotonic() - started - publish_s
+    return {"keys": keys, "publish_s": round(publish_s, 1), "pipeline_s": round(pipeline_s, 1),
+            "batches": len(batches), "checkpoint_bytes": state_bytes}
+
+
+def run_query(spark: Any, config: Any, records: int) -> tuple[list[dict[str, Any]], float]:
+    """Run the pipeline until it has read ``records`` raw records more than its checkpoint had; its batches
+    with data, in order, and the query's start (epoch seconds)."""
     query_start_epoch = time.time()
     query = start(spark, config)
     # By batch id: recentProgress keeps only the last 100 updates, and the state's timers add no-data batches.
@@ -135,10 +224,108 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
         if query.exception() is not None:
             raise RuntimeError(f"the pipeline failed: {query.exception()}")
         batches.update((p["batchId"], p) for p in query.recentProgress if raw_records(p))
-    cpu, broker_cpu = (used - start for used, start in zip(cpu_seconds(), (cpu_start, broker_cpu_start)))
     query.stop()
-    spark.stop()
-    ordered = [batches[i] for i in sorted(batches)]
+    return [batches[i] for i in sorted(batches)], query_start_epoch
+
+
+def settings_from_environment() -> dict[str, Any]:
+    """Pipeline settings of a run (BENCH_SETTINGS, JSON: e.g. {"spark.state_pages": 1024})."""
+    return json.loads(os.environ.get("BENCH_SETTINGS", "{}"))
+
+
+def checkpoint_bytes(checkpoint: Path) -> int:
+    return sum(path.stat().st_size for path in checkpoint.rglob("*") if path.is_file())
+
+
+def state_bytes_per_batch(checkpoint: Path, batch_ids: list[int]) -> dict[str, int]:
+    """What the state store wrote to the checkpoint for these batches: each state partition's changelog of
+    the batch's version (its changes), and the snapshots (``.zip`` and their SST files) made meanwhile."""
+    changelogs = []
+    for batch in batch_ids:
+        files = checkpoint.glob(f"state/0/*/{batch + 1}.changelog")
+        changelogs.append(sum(path.stat().st_size for path in files))
+    ordered = sorted(changelogs) or [0]
+    return {"batches": len(changelogs), "changelog_p50": ordered[len(ordered) // 2],
+            "changelog_max": ordered[-1], "changelog_total": sum(changelogs)}
+
+
+class WorkerMemory:
+    """The peak resident memory of the Python processes under this one (Spark's Python daemon and workers),
+    sampled each ``interval`` seconds: the largest single process and the largest sum at one time."""
+
+    def __init__(self, interval: float = 0.5) -> None:
+        self.peak_process = 0
+        self.peak_total = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(interval,), daemon=True)
+
+    def start(self) -> "WorkerMemory":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> "WorkerMemory":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _sample(self, interval: float) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.wait(interval):
+            total = 0
+            for pid in descendants(os.getpid()):
+                try:
+                    if b"python" not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]:
+                        continue
+                    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
+                except OSError:
+                    continue  # ended meanwhile
+                total += rss
+                self.peak_process = max(self.peak_process, rss)
+            self.peak_total = max(self.peak_total, total)
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, pending = [], list(children.get(root, []))
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending += children.get(pid, [])
+    return found
+
+
+def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batch_records: int,
+               preload_keys: int) -> dict[str, Any]:
+    server = "bench"
+    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
+                                    "kafka.bootstrap_servers": broker.bootstrap_servers,
+                                    "kafka.max_offsets_per_trigger": batch_records,
+                                    "kafka.events_topic_partitions": 6, **settings_from_environment()})
+    session_start = time.monotonic()
+    spark = spark_session("local[2]", "pipeline-benchmark", config.spark.shuffle_partitions,
+                          json.loads(os.environ.get("BENCH_CONF", "{}")))
+    session_s = time.monotonic() - session_start
+    create_raw_topic(broker, server)
+    preloaded = preload(broker, spark, config, preload_keys) if preload_keys else None
+    started = time.monotonic()
+    records = publish_backlog(broker, server, records, preload_keys or keys, preloaded=bool(preload_keys))
+    published = time.monotonic() - started
+    cpu_start, broker_cpu_start = cpu_seconds()
+    with WorkerMemory() as memory:
+        ordered, query_start_epoch = run_query(spark, config, records)
+    cpu, broker_cpu = (used - start for used, start in zip(cpu_seconds(), (cpu_start, broker_cpu_start)))
     first = ordered[0]
     # From the query's start (or from the end of its first batch, which pays the cold start: the query's
     # planning, the Python workers' start, the JVM's compilation) to the end of the batch that read the last
@@ -146,7 +333,7 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
     total = _batch_end(ordered[-1]) - query_start_epoch
     steady = _batch_end(ordered[-1]) - _batch_end(first)
     state = ordered[-1]["stateOperators"][0]
-    return {"records": records, "publish_s": published, "session_s": query_start - session_start,
+    return {"records": records, "preload": preloaded, "publish_s": published, "session_s": session_s,
             "query_s": total, "first_batch_s": first["batchDuration"] / 1000, "records_per_s": records / total,
             "per_core": records / total / CORES,
             "steady_per_core": (records - raw_records(first)) / steady / CORES if steady > 0 else 0.0,
@@ -158,6 +345,9 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
             "batch_start_s": [round(_epoch_seconds(p["timestamp"]) - query_start_epoch, 2) for p in ordered],
             "first_batch_ms": first["durationMs"],
             "state_rows": state["numRowsTotal"], "state_memory_bytes": state["memoryUsedBytes"],
+            "worker_peak_rss": memory.peak_process, "workers_peak_rss_total": memory.peak_total,
+            "checkpoint_bytes": checkpoint_bytes(Path(config.checkpoint)),
+            "state_written": state_bytes_per_batch(Path(config.checkpoint), [p["batchId"] for p in ordered]),
             "state_metrics": {k: v for k, v in state.get("customMetrics", {}).items()
                               if k in ("rocksdbSstFileSize", "rocksdbTotalBytesWritten")}}
 
@@ -182,8 +372,10 @@ def raw_records(progress: dict[str, Any]) -> int:
 
 
 def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw_partitions: int,
-            warmup: float) -> dict[str, Any]:
-    server = "lat"
+            warmup: float, server: str = "lat", checkpoint: Path | None = None,
+            first_key: int = 0) -> dict[str, Any]:
+    """With ``checkpoint`` (and the ``server`` whose raw topic it read), on the state it holds; the writes are
+    of new keys from ``first_key`` on."""
     schema_file = work / "latency.cql"
     schema_file.write_text(SCHEMA)
     schema = parse_schema(SCHEMA)
@@ -198,12 +390,14 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
         thread = threading.Thread(target=agent.run, daemon=True)
         thread.start()
         agents.append((agent, thread))
-    config = pipeline_config(None, {"server": server, "checkpoint": str(work / "lat-checkpoint"),
+    checkpoint = checkpoint or work / "lat-checkpoint"
+    config = pipeline_config(None, {"server": server, "checkpoint": str(checkpoint),
                                     "kafka.bootstrap_servers": broker.bootstrap_servers,
                                     "spark.trigger_interval": "100 milliseconds",
-                                    "kafka.events_topic_partitions": 2})
+                                    "kafka.events_topic_partitions": 2, **settings_from_environment()})
     spark = spark_session("local[2]", "latency-benchmark", config.spark.shuffle_partitions,
                           json.loads(os.environ.get("BENCH_CONF", "{}")))
+    memory = WorkerMemory().start()
     query = start(spark, config)
     written: dict[int, float] = {}
     arrived: dict[int, float] = {}
@@ -214,10 +408,13 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
                              "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
         topic = f"{server}.bench.users"
         while not stop.is_set():
-            if topic not in consumer.list_topics(timeout=5).topics:
+            metadata = consumer.list_topics(timeout=5).topics.get(topic)
+            if metadata is None or metadata.error is not None:
                 time.sleep(0.2)
                 continue
-            consumer.subscribe([topic])
+            # From each partition's end: the events of the preload and the backlog are not timed.
+            consumer.assign([TopicPartition(topic, partition, consumer.get_watermark_offsets(
+                TopicPartition(topic, partition), timeout=10)[1]) for partition in metadata.partitions])
             break
         while not stop.is_set():
             for message in consumer.consume(500, timeout=0.2):
@@ -231,7 +428,7 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
     time.sleep(10)  # the session and the query start
     interval = 1 / rate
     next_sync = time.monotonic()
-    key = 0
+    key = first_key
     # The first writes meet a cold pipeline (its stateful stage's Python workers start with the first batch
     # that has data, and the JVM compiles as it goes): they are written, but measured apart from the rest.
     measured_from = time.monotonic() + warmup
@@ -259,7 +456,7 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
     stop.set()
     progress.update((p["batchId"], p) for p in query.recentProgress if raw_records(p))
     query.stop()
-    spark.stop()
+    memory.stop()
     for agent, thread in agents:
         agent.stop()
         thread.join(30)
@@ -268,13 +465,18 @@ def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw
     delays = sorted(in_order)
     quarters = [sorted(in_order[i * len(in_order) // 4:(i + 1) * len(in_order) // 4]) for i in range(4)]
     return {"warmup_writes": len(written) - len(measured),
-            "first_write_ms": round(1000 * (arrived[1] - written[1])) if 1 in arrived else None,
+            "first_write_ms": (round(1000 * (arrived[first_key + 1] - written[first_key + 1]))
+                               if first_key + 1 in arrived else None),
             "warmup_p99_ms": round(1000 * percentile(sorted(arrived[k] - written[k] for k in written
                                                            if k not in measured and k in arrived), 0.99)),
             "writes": len(measured), "events": len(delays), "p50_ms": 1000 * statistics.median(delays),
             "p99_ms": 1000 * percentile(delays, 0.99), "max_ms": 1000 * delays[-1],
             "p99_ms_by_quarter": [round(1000 * percentile(quarter, 0.99)) for quarter in quarters if quarter],
-            "batches_with_data": len(progress), "batch_ms": batch_costs(progress)}
+            "batches_with_data": len(progress), "batch_ms": batch_costs(progress),
+            "worker_peak_rss": memory.peak_process, "workers_peak_rss_total": memory.peak_total,
+            "checkpoint_bytes": checkpoint_bytes(checkpoint),
+            "state_written": state_bytes_per_batch(checkpoint, sorted(progress)),
+            "load_average": os.getloadavg()}
 
 
 def batch_costs(progress: dict[int, dict]) -> dict[str, dict[str, int]]:
@@ -303,20 +505,27 @@ def main() -> None:
     parser.add_argument("--raw-partitions", type=int, default=12,
                         help="partitions of the raw topic in the latency run (the agent's default: 12); the "
                              "source reads each in its own task, every micro-batch")
+    parser.add_argument("--preload-keys", type=int, default=0,
+                        help="partition keys put in the state first (one insert each, in batches of 1M "
+                             "records); the backlog then updates them, and the latency run writes on that "
+                             "state")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory, EmbeddedBroker(Path(directory) / "broker") as broker:
         work = Path(directory)
         if not args.skip_throughput:
-            figures = throughput(broker, work, args.records, args.keys, args.batch_records)
+            figures = throughput(broker, work, args.records, args.keys, args.batch_records, args.preload_keys)
             print("throughput:", json.dumps(figures, indent=1))
             print(f"target 20,000 raw records/s per core: {'met' if figures['per_core'] >= 20_000 else 'NOT met'}")
         if args.skip_latency:
             return
-        lat = latency(broker, work, args.latency_seconds, args.rate, args.raw_partitions, args.warmup_seconds)
+        on_state = {"server": "bench", "checkpoint": work / "checkpoint", "first_key": args.preload_keys}
+        lat = latency(broker, work, args.latency_seconds, args.rate, args.raw_partitions, args.warmup_seconds,
+                      **(on_state if args.preload_keys and not args.skip_throughput else {}))
         print("latency:", json.dumps(lat, indent=1))
         print(f"target p99 < 2 s: {'met' if lat['p99_ms'] < 2000 else 'NOT met'}")
+    spark_session("local[2]", "pipeline-benchmark", 2).stop()
 
 
 if __name__ == "__main__":

@@ -430,10 +430,11 @@ def check_local_state_layout(config, raw_partitions):
 
 
 def test_a_checkpoint_refuses_another_state_layout(tmp_path):
-    def config(shuffle_partitions: int = 2):
+    def config(shuffle_partitions: int = 2, pages: int = 256):
         return load_pipeline_config(None, {"server": "s", "checkpoint": str(tmp_path / "checkpoint"),
                                            "kafka.bootstrap_servers": "127.0.0.1:1",
-                                           "spark.shuffle_partitions": shuffle_partitions})
+                                           "spark.shuffle_partitions": shuffle_partitions,
+                                           "spark.state_pages": pages})
 
     check_local_state_layout(config(), None)  # a new checkpoint, before the raw topic exists
     check_local_state_layout(config(), 12)  # the raw topic's partitions are recorded once it exists
@@ -442,6 +443,8 @@ def test_a_checkpoint_refuses_another_state_layout(tmp_path):
         check_local_state_layout(config(), 16)
     with pytest.raises(ConfigError, match="spark.shuffle_partitions 2 → 4"):
         check_local_state_layout(config(4), 12)
+    with pytest.raises(ConfigError, match="spark.state_pages 256 → 1024"):
+        check_local_state_layout(config(pages=1024), 12)
     # A checkpoint with offsets but no record of its layout, or another version of it, was written by an
     # earlier pipeline.
     older = tmp_path / "older"
@@ -454,6 +457,13 @@ def test_a_checkpoint_refuses_another_state_layout(tmp_path):
     (older / "cassandra-cdc-state.json").write_text(json.dumps({"version": 2, "state.buckets": 64}))
     with pytest.raises(ConfigError, match="earlier version"):
         check_local_state_layout(older_config, 12)
+    # The layout before pages (version 3) is read: recorded as version 4 with the configured pages, its groups
+    # paged as they are written (test_pipeline_upgrade.py).
+    (older / "cassandra-cdc-state.json").write_text(json.dumps(
+        {"version": 3, "spark.shuffle_partitions": 2, "raw_topic.partitions": 12}))
+    check_local_state_layout(older_config, 12)
+    assert json.loads((older / "cassandra-cdc-state.json").read_text()) == {
+        "version": 4, "spark.shuffle_partitions": 2, "raw_topic.partitions": 12, "spark.state_pages": 256}
     # A damaged record of the layout is named, whatever it holds.
     for damaged in ('{"version": 3, "spark.shuff', "[3, 2]"):
         (older / "cassandra-cdc-state.json").write_text(damaged)
@@ -531,7 +541,7 @@ def test_a_file_uri_checkpoint_is_read_and_written_through_hadoop(spark, broker,
                                          "kafka.bootstrap_servers": broker.bootstrap_servers})
     check_checkpoint(config, spark)  # a new checkpoint
     assert json.loads((directory / STATE_LAYOUT_FILE).read_text()) == {
-        "version": 3, "spark.shuffle_partitions": 2, "raw_topic.partitions": 1}
+        "version": 4, "spark.shuffle_partitions": 2, "spark.state_pages": 256, "raw_topic.partitions": 1}
     # Hadoop's local file system writes a checksum beside each file: the layout file went through it.
     assert (directory / f".{STATE_LAYOUT_FILE}.crc").exists()
     run_available_now(spark, broker, f"{server}.raw", directory, max_offsets=2)  # Spark's own batch logs

@@ -32,7 +32,9 @@ from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.merge.reconcile import apply
-from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, collector_paused, PartitionGroup
+from cassandra_cdc.pipeline import change_processor
+from cassandra_cdc.pipeline.change_processor import (ChangeProcessor, PartitionPage, ProcessorSettings,
+                                                     collector_paused)
 from cassandra_cdc.pipeline.event_sink import SinkSettings, MicroBatchTask, TaskSink
 from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
@@ -85,9 +87,9 @@ def test_partitions_pickled_as_objects_are_read_and_stored_as_builtins() -> None
     update = PartitionUpdateSerializer.deserialize(DataInput(insert), SCHEMA, 7)
     apply(state, update, SCHEMA.table("app", "users"), NOW // 1_000_000)
     old, new = pickle.dumps(state), pickle.dumps(state.stored())
-    partitions = PartitionGroup({b"old": (None, old), b"new": (None, new)})
+    partitions = PartitionPage({b"old": (None, old), b"new": (None, new)})
     assert partitions.get(b"old").__reduce__() == partitions.get(b"new").__reduce__() == state.__reduce__()
-    _, stored, *_ = pickle.loads(partitions.dump())  # type: ignore[arg-type]
+    stored, _ = pickle.loads(partitions.dump())  # type: ignore[arg-type]
     assert {key: pickle.loads(value) for key, (_, value) in stored.items()} == {b"old": state.stored(),
                                                                                  b"new": state.stored()}
 
@@ -109,14 +111,43 @@ class _MemoryState:
         self.value = None
 
 
+class _MemoryMap:
+    """A ``MapState`` of one grouping key; counts its calls."""
+
+    def __init__(self) -> None:
+        self.values: dict[Any, tuple[Any, ...]] = {}
+        self.calls = 0
+
+    def getValue(self, key: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        self.calls += 1
+        return self.values.get(key)
+
+    def updateValue(self, key: tuple[Any, ...], value: tuple[Any, ...]) -> None:
+        self.calls += 1
+        self.values[key] = value
+
+    def removeKey(self, key: tuple[Any, ...]) -> None:
+        self.calls += 1
+        self.values.pop(key, None)
+
+
 class _MemoryHandle:
     """The processor's state calls, kept per grouping key like Spark's store (``current`` is the key)."""
 
     def __init__(self) -> None:
         self.current: Any = None
         self.values: dict[Any, _MemoryState] = {}
+        self.maps: dict[Any, _MemoryMap] = {}
         self.timers: dict[Any, list[int]] = {}
         self.timer_listings = 0
+
+    def getMapState(self, name: str, key_schema: Any, value_schema: Any) -> Any:
+        handle = self
+
+        class Current:
+            def __getattr__(self, attribute: str) -> Any:
+                return getattr(handle.maps.setdefault(handle.current, _MemoryMap()), attribute)
+        return Current()
 
     def getValueState(self, name: str, schema: Any) -> Any:
         handle = self
@@ -295,19 +326,83 @@ def test_a_group_records_its_timer_and_never_asks_spark_for_it(processor: Any) -
     assert handle.timer_listings == 0
 
 
+def whole_group_value(handle: _MemoryHandle, group: Any, timer: int | None | str) -> tuple[bytes]:
+    """The group's partitions as one value, as the layout before pages stored them: ``(timer, partitions)``,
+    or the partitions alone (``timer`` "unrecorded": before groups recorded their timer)."""
+    partitions: dict[bytes, tuple[int | None, bytes]] = {}
+    for value in handle.maps[group].values.values():
+        partitions.update(pickle.loads(value[0])[0])
+    return (pickle.dumps(partitions if timer == "unrecorded" else (timer, partitions)),)
+
+
 def test_a_group_stored_before_timers_were_recorded_asks_spark_once(processor: Any) -> None:
     owner, handle = processor
     ann = Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)
     run_batch(*processor, copies(ann))
     [timer] = handle.timers[(0,)]
-    state = handle.values[(0,)]
-    _, partitions, *_ = pickle.loads(state.value[0])
-    state.value = (pickle.dumps(partitions),)  # the layout of earlier versions: no timer in the state
+    handle.values[(0,)].value = whole_group_value(handle, (0,), "unrecorded")
+    handle.maps.pop((0,))
     bob = Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW)
     events = run_batch(*processor, copies(bob))
     assert [e["after"]["id"] for e in events] == [2] and handle.timers[(0,)] == [timer]
     run_batch(*processor, copies(Update("app.users", {"id": 2}, {"age": 41}, timestamp=NOW + 1)))
     assert handle.timer_listings == 1 and handle.timers[(0,)] == [timer]
+
+
+def test_a_group_stored_whole_is_paged_as_it_is_written_and_its_partitions_merge_on(processor: Any) -> None:
+    """A checkpoint of the layout before pages: each group one value; the processor reads it and pages it."""
+    owner, handle = processor
+    ann = Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW, ttl=5)
+    keys = range(2, 40)
+    run_batch(*processor, copies(ann) + [copy for key in keys for copy in copies(
+        Insert("app.users", {"id": key, "name": f"user{key}", "age": key}, timestamp=NOW))])
+    [timer] = handle.timers[(0,)]
+    handle.values[(0,)].value = whole_group_value(handle, (0,), timer)
+    handle.maps.pop((0,))
+    events = run_batch(*processor, copies(Update("app.users", {"id": 7}, {"age": 70}, timestamp=NOW + 1)))
+    assert [(e["before"]["name"], e["before"]["age"], e["after"]["age"]) for e in events] == [
+        ("user7", 7, 70)]
+    pages = handle.maps[(0,)].values
+    assert len(pages) > 1 and sum(len(pickle.loads(value[0])[0]) for value in pages.values()) == len(keys) + 1
+    assert handle.timers[(0,)] == [timer] and handle.timer_listings == 0
+    index = handle.values[(0,)].value[0]
+    assert pickle.loads(index)[0] == "pages"  # the group's value is now the index of its pages
+    handle.timers[(0,)].remove(timer)
+    events = run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
+    assert [(e["op"], e["before"]["id"]) for e in events] == [("d", 1)]
+
+
+def test_a_batch_reads_and_writes_only_the_pages_of_the_partitions_it_touches(processor: Any) -> None:
+    owner, handle = processor
+    keys = range(1, 2001)
+    run_batch(*processor, [copy for key in keys for copy in copies(
+        Insert("app.users", {"id": key, "name": f"user{key}", "age": 1}, timestamp=NOW))])
+    pages = handle.maps[(0,)]
+    assert len(pages.values) == owner.settings.state_pages
+    before = dict(pages.values)
+    pages.calls = 0
+    events = run_batch(*processor, copies(Update("app.users", {"id": 5}, {"age": 2}, timestamp=NOW + 1))
+                       + copies(Update("app.users", {"id": 1500}, {"age": 2}, timestamp=NOW + 1)))
+    assert sorted((e["before"]["name"], e["after"]["age"]) for e in events) == [("user1500", 2), ("user5", 2)]
+    assert pages.calls == 4  # two pages, each read once and written once
+    assert sum(before[page] != pages.values[page] for page in pages.values) == 2
+    assert handle.values[(0,)].value is None  # no timer, no expiry: no index to write
+
+
+def test_pages_read_beyond_the_memory_bound_are_written_back_and_read_again(processor: Any,
+                                                                            monkeypatch: Any) -> None:
+    owner, handle = processor
+    monkeypatch.setattr(change_processor, "PAGES_IN_MEMORY_BYTES", 1)  # one page read at a time
+    ann, bob = (Insert("app.users", {"id": key, "name": name, "age": 1}, timestamp=NOW)
+                for key, name in ((1, "ann"), (2, "bob")))
+    run_batch(*processor, copies(ann) + copies(bob))
+    updates = [Update("app.users", {"id": key}, {"age": age}, timestamp=NOW + age)
+               for age in (2, 3) for key in (1, 2)]
+    handle.maps[(0,)].calls = 0
+    events = run_batch(*processor, [copy for update in updates for copy in copies(update)])
+    assert [(e["after"]["id"], e["before"]["age"], e["after"]["age"]) for e in events] == [
+        (1, 1, 2), (2, 1, 2), (1, 2, 3), (2, 2, 3)]
+    assert handle.maps[(0,)].calls > 4  # pages went back and forth
 
 
 def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carry(broker: Any, spark: Any,
@@ -514,11 +609,11 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
     writes nothing, its events being committed already. A failed task's events are never seen."""
     change_processor, handle = processor
     run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW)))
-    before = copy.deepcopy((handle.values, handle.timers))
+    before = copy.deepcopy((handle.values, handle.maps, handle.timers))
     replayed_batch = change_processor.batch_id
     update = copies(Update("app.users", {"id": 1}, {"age": 31}, timestamp=NOW + 1))
     assert [e["after"]["age"] for e in run_batch(*processor, update)] == [31]
-    handle.values, handle.timers = before  # the state store as it was before the batch
+    handle.values, handle.maps, handle.timers = before  # the state store as it was before the batch
     change_processor.batch_id = replayed_batch
     assert run_batch(*processor, update) == []
     events = run_batch(*processor, copies(Update("app.users", {"id": 1}, {"name": "bo"}, timestamp=NOW + 2)))
@@ -535,7 +630,7 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
 
     two = copies(Update("app.users", {"id": 1}, {"age": 40}, timestamp=NOW + 3)) \
         + copies(Insert("app.users", {"id": 2, "name": "cy", "age": 5}, timestamp=NOW + 3))
-    before = copy.deepcopy((handle.values, handle.timers))
+    before = copy.deepcopy((handle.values, handle.maps, handle.timers))
     change_processor._decode = failing_decode  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="executor is lost"):
         change_processor.init(handle)  # type: ignore[arg-type]
@@ -544,7 +639,7 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
             "offset": list(range(6))})]), _Clock()))
     assert change_processor.events.read(f"{SERVER}.app.users") == []
     change_processor._decode = decode  # type: ignore[method-assign]
-    handle.values, handle.timers = before
+    handle.values, handle.maps, handle.timers = before
     events = run_batch(*processor, two)
     assert [(e["op"], e["after"]["id"], e["after"]["age"]) for e in events] == [("u", 1, 40), ("c", 2, 5)]
 
@@ -607,14 +702,65 @@ def test_a_replayed_truncation_writes_no_second_event_and_a_later_one_writes_one
     Cassandra's truncate timeout of the one written, is the same truncation; one after it is another."""
     change_processor, handle = processor
     truncated_ms = NOW // 1000
-    before = copy.deepcopy((handle.values, handle.timers))
+    before = copy.deepcopy((handle.values, handle.maps, handle.timers))
     replayed_batch = change_processor.batch_id
     assert [e["op"] for e in run_batch(*processor, truncation_copies(truncated_ms)[:1])] == ["t"]
-    handle.values, handle.timers = before
+    handle.values, handle.maps, handle.timers = before
     change_processor.batch_id = replayed_batch
     assert run_batch(*processor, truncation_copies(truncated_ms)[:1]) == []
     assert run_batch(*processor, truncation_copies(truncated_ms + 59_000)[1:]) == []
     assert [e["op"] for e in run_batch(*processor, truncation_copies(truncated_ms + 61_000))] == ["t"]
+
+
+def test_a_truncation_reaches_the_pages_a_batch_did_not_read_when_they_are_read(processor: Any) -> None:
+    """A batch with a truncation writes only the group's index; each other page has the truncation applied
+    when it is next read, by a record or a timer: a late copy of a write before it stays deleted, a write
+    after it lives on a partition that starts empty, and one written after it (but merged before it) expires
+    with its event."""
+    owner, handle = processor
+    truncated_ms = NOW // 1000 + 10
+    after_us = (truncated_ms + 10) * 1000
+    run_batch(*processor, [copy for key in range(1, 41) for copy in copies(
+        Insert("app.users", {"id": key, "name": f"user{key}", "age": key}, timestamp=NOW))]
+        + copies(Insert("app.users", {"id": 100, "name": "ttl", "age": 1}, timestamp=after_us, ttl=5)))
+    pages = handle.maps[(0,)]
+    [timer] = handle.timers[(0,)]
+    pages.calls = 0
+    assert [e["op"] for e in run_batch(*processor, truncation_copies(truncated_ms))] == ["t"]
+    assert pages.calls == 0  # no page read or written: they are read when a record or a timer needs them
+    handle.timers[(0,)].remove(timer)  # Spark drops a timer as it fires
+    events = run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
+    assert [(e["op"], e["before"]["id"]) for e in events] == [("d", 100)]
+    late = copies(Update("app.users", {"id": 7}, {"age": 70}, timestamp=NOW + 5), nodes=("node4444",))
+    later = copies(Update("app.users", {"id": 8}, {"age": 80}, timestamp=after_us))
+    events = run_batch(*processor, late + later)
+    assert [(e["op"], e["before"], e["after"]) for e in events] == [
+        ("c", None, {"id": 8, "name": None, "age": 80})]
+
+
+def test_a_group_stored_whole_with_its_truncations_keeps_them_once_paged(processor: Any) -> None:
+    """The value of a group as main stored it before pages, ``(timer, partitions, truncations, truncation
+    events)``: a late copy of a write the truncation deleted stays deleted, a node's copy of the truncation
+    writes no second event, the partitions written after it merge on."""
+    owner, handle = processor
+    truncated_ms = NOW // 1000 + 10
+    after_us = (truncated_ms + 10) * 1000
+    run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30},
+                                        timestamp=after_us)))
+    deletion = change_processor.truncation_deletion(truncated_ms)
+    table_id = SCHEMA.table("app", "users").id.bytes
+    (partitions,) = whole_group_value(handle, (0,), None)
+    _, stored = pickle.loads(partitions)
+    whole = (None, stored, {table_id: deletion}, {table_id: truncated_ms})
+    handle.values[(0,)].value = (pickle.dumps(whole),)
+    handle.maps.pop((0,))
+    late = copies(Insert("app.users", {"id": 2, "name": "bob", "age": 40}, timestamp=NOW),
+                  nodes=("node4444",))
+    events = run_batch(*processor, late + truncation_copies(truncated_ms)
+                       + copies(Update("app.users", {"id": 1}, {"age": 31}, timestamp=after_us + 1)))
+    assert [(e["op"], e["before"]["age"], e["after"]["age"]) for e in events] == [("u", 30, 31)]
+    _, _, _, truncations, truncation_events = pickle.loads(handle.values[(0,)].value[0])
+    assert list(truncations) == [table_id] and truncation_events == {table_id: truncated_ms}
 
 
 def test_avro_truncation_events_carry_no_rows(broker: Any, spark: Any, monkeypatch: Any) -> None:

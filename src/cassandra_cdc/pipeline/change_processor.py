@@ -3,8 +3,8 @@
 PySpark's stateful APIs cost about half a millisecond per grouping key and per state access
 (docs/pipeline.md, "How it works"), so grouping by partition key would cap the pipeline at a few
 thousand records per second. Records are instead grouped by raw topic partition (the agents key the
-topic by partition key): one call per raw partition per micro-batch, one state read and one state
-write, and all of its partition keys merged in one pass over its records.
+topic by partition key): one call per raw partition per micro-batch, a read and a write of each page
+of its state the records touch (below), and all of its partition keys merged in one pass over its records.
 
 The records reach the processor in one of two ways. With the Python source they are not in the rows
 at all: each row names a range of offsets of one raw topic partition (``emit=offsetRanges`` in
@@ -22,13 +22,19 @@ What a record costs in Python is kept to what only Python can do (decode, merge,
 * Replica copies are not merged again: a partition's state keeps the digests of its recent updates
   (the copies of one write are the same update bytes, so the same digest), and a copy costs the
   header's decode and digest check only.
-* The state of a group maps each partition key to its next expiry and its pickled merge state
-  (see ``merge.py``): a batch unpickles and pickles again only the partitions it touches, and sets
-  the group's timer from the stored expiries.
+* The state of a group is paged (``PagedGroup``): its partition keys are spread over a fixed number of
+  pages by a hash of the key, each page a value of a ``MapState`` mapping each of its partition keys to
+  its next expiry and its pickled merge state (see ``merge.py``). A batch reads and writes only the
+  pages its records touch, and unpickles and pickles again only the partitions it touches, so that its
+  cost and the bytes it writes to the checkpoint follow the batch, not the table; a group's
+  ``ValueState`` is a small index (the group's timer, each page's next expiry, its truncations). Pages
+  are state calls (one read, one write each, at a fraction of a millisecond): fewer, fuller pages make
+  large batches cheaper, more, smaller pages make small batches write less (``spark.state_pages``).
 
 Truncation: a ``TRUNCATE`` reaches the raw topic as one truncation record per node and raw partition
-(``TruncationRecord``). Each group applies it as a deletion of every partition of the table it holds and
-keeps it (the table's newest), so that partitions of the table it meets later start deleted: a late copy
+(``TruncationRecord``). Each group applies it as a deletion of every partition of the table it holds (in
+the pages the batch reads, and in each other page when it is next read) and keeps it (the table's newest)
+in its index, so that partitions of the table it meets later start deleted: a late copy
 of a write made before the truncation stays deleted, a write made after it lives (by write time, as
 Cassandra reconciles). Only the group of raw partition 0 writes the ``t`` event, once per truncation: the
 nodes' copies, each with its node's time, are one truncation.
@@ -48,14 +54,16 @@ import logging
 import pickle
 import time
 import uuid
+import zlib
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import pandas as pd
 from pyspark import Accumulator
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
-from pyspark.sql.types import BinaryType, LongType, StructField, StructType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
 from ..storage.decode_errors import MutationDecodeError
 from ..storage.binary_io import EndOfData
@@ -82,6 +90,11 @@ _STATE_SCHEMA = StructType([StructField("partitions", BinaryType())])
 TRUNCATION_COPIES_WINDOW_MS = 60_000
 # The raw topic partition whose group writes the truncation events (every group gets the records).
 TRUNCATION_EVENTS_PARTITION = 0
+_PAGE_KEY_SCHEMA = StructType([StructField("page", IntegerType())])
+
+DEFAULT_STATE_PAGES = 256
+# Bytes of a group's pages a worker keeps read at once; beyond, the least recently used one is written back.
+PAGES_IN_MEMORY_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -100,6 +113,7 @@ class ProcessorSettings:
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
     ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
     tally: Accumulator[PipelineTally] | None = None  # where each task's counts go (the driver's metrics)
+    state_pages: int = DEFAULT_STATE_PAGES  # pages of each group's state (fixed once a checkpoint has state)
 
 
 class ChangeProcessor(StatefulProcessor):
@@ -110,7 +124,10 @@ class ChangeProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.state = handle.getValueState("partitions", _STATE_SCHEMA)
+        # The index keeps the name and schema of the value that held a whole group before pages: a group
+        # stored so is read from it, and paged as it is written again.
+        self.index = handle.getValueState("partitions", _STATE_SCHEMA)
+        self.pages = handle.getMapState("pages", _PAGE_KEY_SCHEMA, _STATE_SCHEMA)
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
@@ -220,7 +237,7 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- merging ----------------------------------------------------------------------------------
 
-    def _apply(self, partitions: "PartitionGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
+    def _apply(self, partitions: "PagedGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
         if is_truncation(value):
             self._truncate(partitions, record_key, value, now_ms)
             return
@@ -240,8 +257,8 @@ class ChangeProcessor(StatefulProcessor):
             self._error(record_key, value, error.kind, error.reason)
             return
         truncation = partitions.truncations.get(record_key[:16])
-        merged = state if state is not None else partitions.new_state(update.key, table, truncation,
-                                                                           now_ms // 1000)
+        merged = state if state is not None else new_partition_state(update.key, table, truncation,
+                                                                     now_ms // 1000)
         try:
             changes = apply(merged, update, table, now_ms // 1000)
         except ValueError as error:  # raised before the state changed: the record is set aside, not retried
@@ -259,7 +276,7 @@ class ChangeProcessor(StatefulProcessor):
         self._emit(table, version, changes, source, record.snapshot, now_ms,
                    None if record.snapshot else record.write_time)
 
-    def _truncate(self, partitions: "PartitionGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
+    def _truncate(self, partitions: "PagedGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
         """A node's truncation of a table: the group's partitions of the table deleted, without events; the
         ``t`` event from the group of raw partition 0, for the first of the nodes' copies."""
         try:
@@ -275,7 +292,7 @@ class ChangeProcessor(StatefulProcessor):
             return
         table, version = found
         deletion = truncation_deletion(record.truncated_at_ms)
-        partitions.truncate(record.table_id, deletion, table, now_ms // 1000)
+        partitions.truncate(record.table_id, deletion, table)
         if self._raw_partition != TRUNCATION_EVENTS_PARTITION or not partitions.new_truncation(record):
             return
         encoder = self._encoder(table, version)
@@ -354,17 +371,24 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- state ------------------------------------------------------------------------------------
 
-    def _load(self) -> "PartitionGroup":
-        return PartitionGroup.load(self.state.get()[0] if self.state.exists() else None)
+    def _load(self) -> "PagedGroup":
+        stored = self.index.get()
+        return PagedGroup(self.pages, self.settings.state_pages, None if stored is None else stored[0],
+                          self._definition)
 
-    def _save(self, partitions: "PartitionGroup", now_ms: int) -> None:
-        """Store the group's state, with its one timer at the earliest expiry of its partitions.
+    def _definition(self, table_id: bytes) -> TableMetadata | None:
+        found = self.catalog.table(table_id)
+        return None if found is None else found[0]
 
-        The group's state records its timer: every state call is a round trip to the JVM, and asking Spark
+    def _save(self, partitions: "PagedGroup", now_ms: int) -> None:
+        """Store the group's touched pages and its index, with its one timer at the earliest expiry of its
+        partitions.
+
+        The group's index records its timer: every state call is a round trip to the JVM, and asking Spark
         for the timers (``listTimers``) also costs the JVM the code generation of a timer encoder, per group
-        and batch. An unchanged timer is left alone.
+        and batch. An unchanged timer is left alone, an unchanged index too.
         """
-        partitions.seal()
+        partitions.write_pages()
         expiry = partitions.earliest_expiry()
         wanted = None if expiry is None else max(expiry * 1000, now_ms + 1)
         if partitions.timer == _TIMER_NOT_RECORDED:
@@ -377,11 +401,12 @@ class ChangeProcessor(StatefulProcessor):
             if wanted is not None:
                 self.handle.registerTimer(wanted)
         partitions.timer = wanted
-        stored = partitions.dump()
-        if stored is None:
-            self.state.clear()
-        else:
-            self.state.update((stored,))
+        index = partitions.index()
+        if index != partitions.stored_index:
+            if index is None:
+                self.index.clear()
+            else:
+                self.index.update((index,))
 
 
 def close_worker_clients() -> None:
@@ -423,6 +448,14 @@ def collector_paused() -> Iterator[None]:
 
 # The timer of a group stored before groups recorded theirs: Spark is asked.
 _TIMER_NOT_RECORDED = -1
+# The first item of a paged group's index; the value of a group stored whole is a dict or a tuple whose
+# first item is its timer.
+_PAGED = "pages"
+
+
+def page_of(partition_key: bytes, pages: int) -> int:
+    """The page of a partition key: the same in every process (``hash`` of bytes is salted per process)."""
+    return zlib.crc32(partition_key) % pages
 
 
 def truncation_deletion(truncated_at_ms: int) -> Deletion:
@@ -431,73 +464,119 @@ def truncation_deletion(truncated_at_ms: int) -> Deletion:
     return truncated_at_ms * 1000 + 999, truncated_at_ms // 1000
 
 
-class PartitionGroup:
-    """The merge states of one group's partitions, each pickled on its own, its next expiry beside it,
-    and the group's timer.
+def new_partition_state(partition_key: bytes, table: TableMetadata, truncation: Deletion | None,
+                        now_seconds: int) -> PartitionState:
+    """The state of a partition the group does not hold: empty, or deleted by its table's ``truncation``."""
+    if truncation is None:
+        return PartitionState()
+    state = PartitionState(bytes(partition_key))
+    delete_partition(state, table, truncation, now_seconds)
+    return state
 
-    A micro-batch touches some of a group's partitions: only those are unpickled and pickled again,
-    the others stay bytes (copied, never decoded), and the timer is set from the stored expiries.
 
-    Per truncated table (its id), the deletion of its newest truncation, which every partition of the table
-    the group holds or meets later is given; and, for the group that writes the truncation events, the time
-    of the last one written.
+class PagedGroup:
+    """The merge state of one group (raw topic partition), its partition keys spread over pages.
+
+    Pages are read as the batch's records reach them, each one state call, and kept as ``PartitionPage``s
+    until the batch's end, or until the pages read exceed ``PAGES_IN_MEMORY_BYTES``: then the least recently
+    used one is written back (a later record may read it again), so that a worker's memory does not follow
+    the size of the state. The index (the group's ``ValueState``) holds the group's timer, the next
+    expiry of each page that has one, so that a timer reads only the pages due, and the group's truncations.
+
+    Per truncated table (its id), the index keeps the deletion of its newest truncation, which every
+    partition of the table the group holds or meets later is given, and, for the group that writes the
+    truncation events, the time of the last one written. A truncation is applied at once to the pages read,
+    and to each other page when it is next read (a page records the truncations applied to it): a batch
+    with a truncation writes only the pages it touches, like any other.
+
+    A group stored whole, as before pages, is read from the index value it was, and its partitions are
+    written to their pages, once, the first time the group is saved.
     """
 
-    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]], timer: int | None = None,
-                 truncations: dict[bytes, Deletion] | None = None,
-                 truncation_events: dict[bytes, int] | None = None) -> None:
-        self._stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
-        self._opened: dict[bytes, PartitionState] = {}
-        self.timer = timer  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
-        self.truncations = truncations or {}
-        # table id → the truncation time (ms) of its last event
-        self.truncation_events = truncation_events or {}
+    def __init__(self, pages_state: Any, pages: int, stored_index: bytes | None,
+                 definition: Callable[[bytes], TableMetadata | None]) -> None:
+        self._pages_state = pages_state
+        self._pages = pages
+        self._definition = definition  # a table's definition by id, to apply its truncation to a page read
+        self._read: OrderedDict[int, tuple[PartitionPage, int]] = OrderedDict()  # page → (page, bytes read)
+        self._read_bytes = 0
+        self.stored_index = stored_index
+        self.timer: int | None = None  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
+        self._expiries: dict[int, int] = {}  # page → its next expiry (seconds)
+        self.truncations: dict[bytes, Deletion] = {}
+        self.truncation_events: dict[bytes, int] = {}  # table id → the truncation time (ms) of its last event
+        if stored_index is None:
+            return
+        stored = pickle.loads(stored_index)
+        if isinstance(stored, tuple) and stored[0] == _PAGED:
+            _, self.timer, self._expiries, self.truncations, self.truncation_events = stored
+            return
+        # A group stored whole: a dict of its partitions before groups recorded their timer, then a tuple
+        # (timer, partitions), then with the group's truncations and truncation events after them.
+        if isinstance(stored, dict):
+            stored = (_TIMER_NOT_RECORDED, stored)
+        self.timer, partitions, self.truncations, self.truncation_events = (*stored, {}, {})[:4]
+        for key, value in partitions.items():  # each already deleted by the group's truncations
+            page = page_of(key, pages)
+            if page not in self._read:
+                self._read[page] = (PartitionPage({}, dict(self.truncations)), 0)
+            self._read[page][0].stored[key] = value
 
-    @classmethod
-    def load(cls, value: bytes | None) -> "PartitionGroup":
-        """A group's state value as ``dump`` made it (None: the group has no state)."""
-        if value is None:
-            return cls({})
-        stored = pickle.loads(value)
-        if isinstance(stored, dict):  # stored before groups recorded their timer
-            return cls(stored, _TIMER_NOT_RECORDED)
-        timer, partitions, *truncations = stored  # no truncations in a group stored before they were kept
-        return cls(partitions, timer, *truncations)
+    def _page(self, page: int) -> PartitionPage:
+        read = self._read.get(page)
+        if read is not None:
+            self._read.move_to_end(page)
+            return read[0]
+        stored = self._pages_state.getValue((page,))
+        partitions = PartitionPage.load(None if stored is None else stored[0])
+        self._apply_truncations(partitions)
+        size = 0 if stored is None else len(stored[0])
+        self._read[page] = (partitions, size)
+        self._read_bytes += size
+        while self._read_bytes > PAGES_IN_MEMORY_BYTES and len(self._read) > 1:
+            self._write_page(*self._read.popitem(last=False))
+        return partitions
+
+    def _apply_truncations(self, page: PartitionPage) -> None:
+        """Apply to a page just read the group's truncations it has not had yet."""
+        for table_id, deletion in self.truncations.items():
+            if page.truncations.get(table_id) == deletion:
+                continue
+            table = self._definition(table_id)
+            # Unknown: its partitions cannot be merged either; applied once it is known.
+            if table is not None:
+                page.truncate(table_id, deletion, table)
+
+    def _write_page(self, page: int, read: tuple[PartitionPage, int]) -> None:
+        partitions, size = read
+        self._read_bytes -= size
+        stored = partitions.dump()
+        expiry = partitions.earliest_expiry()
+        if expiry is None:
+            self._expiries.pop(page, None)
+        else:
+            self._expiries[page] = expiry
+        if stored is None:
+            self._pages_state.removeKey((page,))
+        else:
+            self._pages_state.updateValue((page,), (stored,))
 
     def get(self, key: bytes) -> PartitionState | None:
-        state = self._opened.get(key)
-        if state is None and key in self._stored:
-            stored = pickle.loads(self._stored[key][1])
-            # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
-            state = stored if isinstance(stored, PartitionState) else PartitionState.from_stored(stored)
-            self._opened[key] = state
-        return state
+        return self._page(page_of(key, self._pages)).get(key)
 
     def add(self, key: bytes, state: PartitionState) -> None:
-        self._opened[key] = state
+        self._page(page_of(key, self._pages)).add(key, state)
 
-    @staticmethod
-    def new_state(partition_key: bytes, table: TableMetadata, truncation: Deletion | None,
-                  now_seconds: int) -> PartitionState:
-        """The state of a partition the group does not hold: empty, or deleted by its table's
-        ``truncation``."""
-        if truncation is None:
-            return PartitionState()
-        state = PartitionState(bytes(partition_key))
-        delete_partition(state, table, truncation, now_seconds)
-        return state
+    def remove(self, key: bytes) -> None:
+        self._page(page_of(key, self._pages)).remove(key)
 
-    def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata, now_seconds: int) -> None:
-        """Apply a truncation of a table to its partitions (those left with nothing else are dropped), and
-        keep it, the table's newest, for its partitions to come."""
+    def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata) -> None:
+        """Keep a truncation of a table, the table's newest, for its partitions held and to come, and apply
+        it to the pages read (the others have it applied when read)."""
         newest = max(deletion, self.truncations.get(table_id, deletion))
         self.truncations[table_id] = newest
-        for key in [key for key in self._stored.keys() | self._opened.keys() if key[:16] == table_id]:
-            state = self.get(key)
-            assert state is not None
-            delete_partition(state, table, newest, now_seconds)
-            if only_deleted_by(state, newest):
-                self.remove(key)
+        for partitions, _ in self._read.values():
+            partitions.truncate(table_id, newest, table)
 
     def new_truncation(self, record: TruncationRecord) -> bool:
         """Whether a truncation record is of a truncation whose event is not written yet (noting that it is
@@ -508,29 +587,102 @@ class PartitionGroup:
         self.truncation_events[record.table_id] = record.truncated_at_ms
         return True
 
+    def due(self, now_seconds: int) -> Iterator[tuple[bytes, PartitionState]]:
+        """The partitions whose stored expiry has come, opened: only the pages due are read."""
+        pages = {page for page, expiry in self._expiries.items() if expiry <= now_seconds}.union(self._read)
+        for page in sorted(pages):
+            partitions = self._page(page)
+            for key in partitions.due_keys(now_seconds):
+                yield key, partitions.get(key)  # type: ignore[misc]
+
+    def write_pages(self) -> None:
+        """Write back every page read (the partitions opened pickled again)."""
+        while self._read:
+            self._write_page(*self._read.popitem(last=False))
+
+    def earliest_expiry(self) -> int | None:
+        """The earliest expiry of the group's pages, once written back."""
+        return min(self._expiries.values(), default=None)
+
+    def index(self) -> bytes | None:
+        """The group's index value; None when there is nothing to record."""
+        if self.timer is None and not self._expiries and not self.truncations and not self.truncation_events:
+            return None
+        return pickle.dumps((_PAGED, self.timer, self._expiries, self.truncations, self.truncation_events),
+                            protocol=pickle.HIGHEST_PROTOCOL)
+
+
+class PartitionPage:
+    """The merge states of a page of a group's partitions, each pickled on its own, its next expiry beside
+    it, and the truncations applied to them (table id → deletion).
+
+    A micro-batch touches some of them: only those are unpickled and pickled again, the others stay bytes
+    (copied, never decoded).
+    """
+
+    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]],
+                 truncations: dict[bytes, Deletion] | None = None) -> None:
+        self.stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
+        self._opened: dict[bytes, PartitionState] = {}
+        self.truncations = truncations or {}
+
+    @classmethod
+    def load(cls, value: bytes | None) -> "PartitionPage":
+        """A page's value as ``dump`` made it (None: no state)."""
+        if value is None:
+            return cls({})
+        return cls(*pickle.loads(value))
+
+    def get(self, key: bytes) -> PartitionState | None:
+        state = self._opened.get(key)
+        if state is None and key in self.stored:
+            stored = pickle.loads(self.stored[key][1])
+            # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
+            state = stored if isinstance(stored, PartitionState) else PartitionState.from_stored(stored)
+            self._opened[key] = state
+        return state
+
+    def add(self, key: bytes, state: PartitionState) -> None:
+        self._opened[key] = state
+
+    def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata) -> None:
+        """Apply a truncation of a table to its partitions here (those left with nothing else are dropped).
+
+        Each partition is deleted at its own clock: a page read later than the truncation must not move its
+        partitions' clocks on, or what expired in between (written after the truncation) would have no event.
+        """
+        self.truncations[table_id] = deletion
+        for key in [key for key in self.stored.keys() | self._opened.keys() if key[:16] == table_id]:
+            state = self.get(key)
+            assert state is not None and state.clock is not None  # every state stored was merged at a time
+            delete_partition(state, table, deletion, state.clock)
+            if only_deleted_by(state, deletion):
+                self.remove(key)
+
     def remove(self, key: bytes) -> None:
         self._opened.pop(key, None)
-        self._stored.pop(key, None)
+        self.stored.pop(key, None)
 
-    def due(self, now_seconds: int) -> list[tuple[bytes, PartitionState]]:
-        """The partitions whose stored expiry has come, opened."""
-        keys = [key for key, (expiry, _) in self._stored.items() if expiry is not None and expiry <= now_seconds]
-        return [(key, self.get(key)) for key in keys]  # type: ignore[misc]
+    def due_keys(self, now_seconds: int) -> list[bytes]:
+        """The partitions whose stored expiry has come (the opened ones sealed first)."""
+        self.seal()
+        return [key for key, (expiry, _) in self.stored.items()
+                if expiry is not None and expiry <= now_seconds]
 
     def seal(self) -> None:
         """Pickle the opened partitions again (and note their next expiries)."""
         for key, state in self._opened.items():
             stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
-            self._stored[key] = (next_expiry(state), stored)
+            self.stored[key] = (next_expiry(state), stored)
         self._opened.clear()
 
     def dump(self) -> bytes | None:
-        """The group's state value, sealed first; None when the group has no partitions."""
+        """The page's value, sealed first; None when it has no partitions."""
         self.seal()
-        if not self._stored and not self.truncations:
+        if not self.stored:
             return None
-        return pickle.dumps((self.timer, self._stored, self.truncations, self.truncation_events),
-                            protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((self.stored, self.truncations), protocol=pickle.HIGHEST_PROTOCOL)
 
     def earliest_expiry(self) -> int | None:
-        return min((expiry for expiry, _ in self._stored.values() if expiry is not None), default=None)
+        self.seal()
+        return min((expiry for expiry, _ in self.stored.values() if expiry is not None), default=None)

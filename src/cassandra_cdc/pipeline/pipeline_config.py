@@ -43,6 +43,11 @@ class SparkSettings(_Section):
                                                  "which sets its own.")
     shuffle_partitions: int = Field(2, ge=1, description="State store partitions, i.e. the tasks that merge in "
                                                          "parallel (fixed once a checkpoint exists).")
+    state_pages: int = Field(256, ge=1, le=1 << 20,
+                             description="Pages of merge state per raw topic partition: "
+                             "a micro-batch reads and writes the pages its records touch; more pages make "
+                             "small batches write less and large batches cost more state calls (fixed once a "
+                             "checkpoint exists).")
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 

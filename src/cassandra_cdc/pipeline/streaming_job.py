@@ -85,7 +85,7 @@ def change_events(spark: SparkSession, config: PipelineConfig,
         tombstones=config.output.tombstones, type_modes=config.output.type_modes,
         static_only_rows=config.output.static_only_rows,
         consumer=tuple(sorted(kafka.librdkafka(kafka.consumer).items())), sink=sink, ranges=ranges,
-        tally=tally)
+        tally=tally, state_pages=config.spark.state_pages)
     keys = balanced_group_keys(spark, MAX_RAW_PARTITIONS, config.spark.shuffle_partitions)
     # One SQL literal, not an expression per key: each of those would be a call into the JVM.
     group = F.element_at(F.expr(f"array({', '.join(f'{key}L' for key in keys)})"), (F.col("partition") + 1).cast("int"))
@@ -120,8 +120,10 @@ def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> li
 
 
 STATE_LAYOUT_FILE = "cassandra-cdc-state.json"
-# 3: grouped by raw topic partition (balanced_group_keys); 2: by hash bucket; 1 (no file): by bucket number
-STATE_LAYOUT_VERSION = 3
+# 4: grouped by raw topic partition, each group's state in pages; 3: the same, each group's state one value
+# (read by version 4, which pages a group as it writes it); 2: by hash bucket; 1 (no file): by bucket number
+STATE_LAYOUT_VERSION = 4
+UNPAGED_STATE_LAYOUT_VERSION = 3
 
 
 def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_partitions: int | None) -> None:
@@ -131,11 +133,13 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
     ``spark.shuffle_partitions`` state partitions. Both are fixed once a checkpoint has state: with
     other placements, the merge would start from missing state and emit wrong events. A partition added
     to the raw topic moves partition keys to other raw partitions, hence other groups, the same way.
-    A new checkpoint records the layout (the raw topic's partitions once the topic exists).
+    So is the number of pages of a group's state. A new checkpoint records the layout (the raw topic's
+    partitions once the topic exists). A checkpoint of version 3, whose groups are stored whole, is
+    recorded as version 4 with the configured pages: the processor pages each group as it writes it.
     """
     checkpoint = config.checkpoint
     layout = {"version": STATE_LAYOUT_VERSION, "spark.shuffle_partitions": config.spark.shuffle_partitions,
-              "raw_topic.partitions": raw_partitions}
+              "spark.state_pages": config.spark.state_pages, "raw_topic.partitions": raw_partitions}
     recorded_file = files.location(STATE_LAYOUT_FILE)
     read: object = None
     if files.exists(STATE_LAYOUT_FILE):
@@ -152,6 +156,8 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
         recorded = {"version": 1}
     else:
         recorded = {name: value for name, value in layout.items() if name != "raw_topic.partitions"}
+    if recorded.get("version") == UNPAGED_STATE_LAYOUT_VERSION:
+        recorded.update({"version": STATE_LAYOUT_VERSION, "spark.state_pages": config.spark.state_pages})
     if recorded.get("version") != STATE_LAYOUT_VERSION:
         raise ConfigError(f"checkpoint {checkpoint} was written by an earlier version of the pipeline, whose merge "
                           "state this one cannot read: start a new checkpoint (and bootstrap the tables again)")
