@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.pipeline.pipeline_config import load_config
@@ -97,9 +97,14 @@ def read_all(bootstrap: str, topic: str, isolation: str = "read_committed",
 
 
 def wait_for(predicate: Any, timeout: float = 120.0) -> Any:
+    """``predicate``'s first true result, or its last one at ``timeout``; a broker too slow to answer (a
+    loaded machine) is a false result, not the test's failure."""
     deadline = time.monotonic() + timeout
     while True:
-        result = predicate()
+        try:
+            result = predicate()
+        except KafkaException:
+            result = None
         if result or time.monotonic() > deadline:
             return result
         time.sleep(1)
