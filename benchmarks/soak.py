@@ -66,6 +66,8 @@ def processes() -> list[ProcessInfo]:
             continue  # ended meanwhile
         command = stat[stat.index("(") + 1:stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2:].split()  # from the state on: group 3rd, RSS pages 22nd
+        if fields[0] == "Z":
+            continue  # killed, not yet reaped: no memory
         found.append(ProcessInfo(int(entry.name), int(fields[2]), command, int(fields[21]) * PAGE_BYTES))
     return found
 
@@ -176,8 +178,8 @@ def memory_rows(demo: SoakDemo) -> list[str]:
         peak = max(rss for _, rss in series)
         first = _median_between(series, 0, fifth)
         last = _median_between(series, writing_seconds - fifth, writing_seconds)
-        if first is None or last is None:
-            trend = "not sampled in both fifths (restarted meanwhile)"
+        if not first or not last:
+            trend = "not running in both fifths"
         else:
             ratio = last / first
             trend = (f"{first / MIB:,.0f} → {last / MIB:,.0f} MiB ({ratio:.2f}×): "
@@ -202,8 +204,9 @@ def results_section(demo: SoakDemo, arguments: argparse.Namespace, exit_code: in
     chaos, result, status = demo.chaos, demo.result, demo.status
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load = demo.samples.load
-    lost = sum(len(problems) for problems in demo.last_differences.values())
-    duplicates = demo.feed.duplicates if demo.feed is not None else None
+    compared = result is not None
+    lost = sum(len(problems) for problems in demo.last_differences.values()) if compared else "not compared"
+    duplicates = demo.feed.duplicates if compared and demo.feed is not None else "not counted"
     outcome = ("passed" if result is not None and result.passed else
                "FAILED" if result is not None else f"not reached (exit status {exit_code})")
     writing = (demo.writing[1] - demo.writing[0]) if demo.writing else 0.0
