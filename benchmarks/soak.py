@@ -159,7 +159,7 @@ def _kind(role: str, process: ProcessInfo, leader: bool) -> str:
         return "driver JVM" if jvm else "driver (Python)" if leader else "Python workers"
     if role.startswith("Spark worker"):
         return "daemon JVM" if jvm and leader else "executor JVM" if jvm else "executor Python workers"
-    return "JVM" if jvm else "Python" if leader else "children"
+    return "JVM" if jvm else process.command
 
 
 def _median_between(series: list[tuple[float, int]], start: float, end: float) -> float | None:
@@ -257,6 +257,8 @@ def main() -> int:
                         help="the pipeline in local[2] (no Spark worker faults)")
     parser.add_argument("--workdir", type=Path, default=Path("soak-data"))
     parser.add_argument("--catchup-timeout", type=float, default=900.0)
+    parser.add_argument("--recovery-timeout", type=float, default=900.0,
+                        help="seconds a killed process may take to be ready again before the soak fails")
     parser.add_argument("--output", type=Path, default=Path("soak-result.md"),
                         help="where the markdown block is written")
     arguments = parser.parse_args()
@@ -268,7 +270,8 @@ def main() -> int:
                           catchup_timeout=arguments.catchup_timeout, live=False, chaos=True,
                           fault_interval=arguments.fault_interval, faults=arguments.faults,
                           duration=None if arguments.minutes is None else arguments.minutes * 60,
-                          spark_cluster=arguments.spark_cluster)
+                          spark_cluster=arguments.spark_cluster,
+                          recovery_timeout=arguments.recovery_timeout)
     demo = SoakDemo(options)
     started = time.monotonic()
     exit_code = demo.run()

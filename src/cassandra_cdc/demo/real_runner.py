@@ -25,7 +25,7 @@ from rich.console import Console
 
 from ..localcluster import CassandraCluster, JvmError, KafkaBroker, SparkStandaloneCluster
 from ..localcluster.artifacts import spark_kafka_jars
-from .chaos import RECOVERY_TIMEOUT, FaultInjector, Target, child_target
+from .chaos import FaultInjector, Target, child_target
 from .cql_workload import (CDC_TABLES, DEFAULT_TTL, NON_CDC_TABLE, SHORT_TTL, Workload, key_columns,
                            schema_statements, table_rows)
 from .runner import VIEW_SECONDS, DemoBase, DemoError, DemoOptions, _StoppedEarly
@@ -116,7 +116,7 @@ class RealDemo(DemoBase):
             self.spark = SparkStandaloneCluster(
                 self.workdir / "spark", workers=SPARK_WORKERS, worker_cores=1,
                 worker_memory=SPARK_EXECUTOR["spark.executor.memory"], progress=self._progress,
-                startup_timeout=RECOVERY_TIMEOUT)
+                startup_timeout=self.options.recovery_timeout)
             self.spark.start()
         self.bootstrap_servers = self.kafka.bootstrap_servers
         self.nodes = [(node.address, node.cdc_raw_dir) for node in self.cluster.nodes]
@@ -213,17 +213,17 @@ class RealDemo(DemoBase):
 
     def _start_chaos(self, view: View) -> None:
         assert self.kafka is not None and self.cluster is not None and self.pipeline is not None
-        kafka = self.kafka
+        kafka, timeout = self.kafka, self.options.recovery_timeout
 
         def report(line: str) -> None:
             view.message(f"[{self.status.elapsed:5.0f} s] {line}")
 
         targets = [
-            *(child_target("agent", agent, report) for agent in self.agents),
-            child_target("pipeline", self.pipeline, report),
+            *(child_target("agent", agent, report, timeout) for agent in self.agents),
+            child_target("pipeline", self.pipeline, report, timeout),
             Target("kafka", f"Kafka broker {kafka.bootstrap_servers}", kafka.kill, kafka.start),
             *(Target("cassandra", f"Cassandra node {node.address}", node.kill,
-                     lambda node=node: node.start(RECOVERY_TIMEOUT)) for node in self.cluster.nodes),
+                     lambda node=node: node.start(timeout)) for node in self.cluster.nodes),
         ]
         if self.spark is not None:
             spark = self.spark
@@ -255,9 +255,9 @@ class RealDemo(DemoBase):
             recovering = self.chaos.current
             view.message(f"[{self.status.elapsed:5.0f} s] chaos: no more faults"
                          + (f"; waiting for what is down to recover: {recovering}" if recovering else ""))
-            if not self.chaos.stop_injecting():
+            if not self.chaos.stop_injecting(self.options.recovery_timeout):
                 raise DemoError(f"a process killed by the fault injector was not ready again within "
-                                f"{RECOVERY_TIMEOUT:.0f} s: {self.chaos.current}")
+                                f"{self.options.recovery_timeout:.0f} s: {self.chaos.current}")
             self._check_children()
         return time.time() + max(SHORT_TTL, DEFAULT_TTL) + 1
 

@@ -40,7 +40,7 @@ from ..schema import Schema, load_schema_files
 from ..localcluster import JvmError
 from ..simulator import BrokerError, Clock, Cluster, EmbeddedBroker, Workload
 from .table_check import CheckResult, compare_rows, normalized
-from .chaos import FaultInjector
+from .chaos import RECOVERY_TIMEOUT, FaultInjector
 from .feed import EventFeed
 from .processes import ChildProcess
 from .view import DemoStatus, NodeStatus, View
@@ -79,6 +79,7 @@ class DemoOptions:
     chaos: bool = False  # kill and restart the real system's processes while writing (demo.chaos)
     fault_interval: float = 20.0  # seconds between two faults
     faults: int | None = None  # with ``chaos``: stop writing once this many faults have recovered
+    recovery_timeout: float = RECOVERY_TIMEOUT  # with ``chaos``: a killed process not ready by then fails
     spark_cluster: bool = False  # the pipeline on a local Spark standalone cluster, not local[2]
 
     @property
@@ -475,7 +476,7 @@ class DemoBase:
     def _shutdown(self) -> None:
         """Stop what was started, newest first: event reader, pipeline, agents, then cluster and broker."""
         self.status.phase = "stopping"
-        if self.chaos is not None and not self.chaos.stop_injecting():
+        if self.chaos is not None and not self.chaos.stop_injecting(self.options.recovery_timeout):
             log.warning("a process killed by the fault injector did not recover before stopping")
         if self.feed is not None:
             self.feed.stop()
