@@ -23,9 +23,9 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from ..localcluster import CassandraCluster, JvmError, KafkaBroker, SparkStandaloneCluster
+from ..localcluster import CassandraCluster, CassandraNode, JvmError, KafkaBroker, SparkStandaloneCluster
 from ..localcluster.artifacts import spark_kafka_jars
-from .chaos import FaultInjector, Target, child_target
+from .chaos import SUPERVISOR_PAUSE_SECONDS, FaultInjector, Target, child_target
 from .cql_workload import (CDC_TABLES, DEFAULT_TTL, NON_CDC_TABLE, SHORT_TTL, Workload, key_columns,
                            schema_statements, table_rows)
 from .runner import VIEW_SECONDS, DemoBase, DemoError, DemoOptions, _StoppedEarly
@@ -223,7 +223,8 @@ class RealDemo(DemoBase):
             child_target("pipeline", self.pipeline, report, timeout),
             Target("kafka", f"Kafka broker {kafka.bootstrap_servers}", kafka.kill, kafka.start),
             *(Target("cassandra", f"Cassandra node {node.address}", node.kill,
-                     lambda node=node: node.start(timeout)) for node in self.cluster.nodes),
+                     lambda node=node: _start_supervised(node, report, timeout))
+              for node in self.cluster.nodes),
         ]
         if self.spark is not None:
             spark = self.spark
@@ -299,6 +300,21 @@ class RealDemo(DemoBase):
             except JvmError as error:
                 self.console.print(f"[yellow]warning:[/] stopping {type(system).__name__}: {error}",
                                    highlight=False)
+
+
+def _start_supervised(node: CassandraNode, report: Callable[[str], None], timeout: float) -> None:
+    """Start a killed node again, and again if it exits while starting, as a supervisor would: a node whose
+    seed is down too (killed meanwhile) gives up with "Unable to gossip with any peers"."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            node.start(max(1.0, deadline - time.monotonic()))
+            return
+        except JvmError as error:
+            if time.monotonic() >= deadline:
+                raise
+            report(f"chaos: {str(error).splitlines()[0]}; starting it again (its log: {node.system_log})")
+            time.sleep(SUPERVISOR_PAUSE_SECONDS)
 
 
 def run_real_demo(options: DemoOptions, console: Console | None = None) -> int:
