@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import pytest
 from rich.console import Console
 
-from cassandra_cdc.demo.chaos import KINDS, ChaosError, FaultInjector, Target
+from cassandra_cdc.demo.chaos import KINDS, ChaosError, FaultInjector, Target, child_target
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.runner import DemoBase, DemoError, DemoOptions
 
@@ -221,3 +221,23 @@ def test_each_broker_kill_allows_the_pipeline_one_more_exit(
     finally:
         injector.close()
     assert _restarts_before_giving_up(demo) == 5
+
+
+def test_a_child_is_not_started_again_once_the_demo_is_stopping(tmp_path: Path) -> None:
+    """The supervisor of a child that exits while starting (here: a pipeline whose configuration is missing)
+    stops starting it once the demo stops its children: one started after that would be left running."""
+    pipeline = ChildProcess("pipeline", ["pipeline", "--config", str(tmp_path / "missing.yaml")],
+                            tmp_path / "pipeline.log", ready_marker="pipeline running")
+    stopping = threading.Event()
+    lines: list[str] = []
+
+    def stop_after_the_first_exit(line: str) -> None:
+        lines.append(line)
+        stopping.set()
+
+    target = child_target("pipeline", pipeline, stop_after_the_first_exit, timeout=120, stopping=stopping)
+    with pytest.raises(ChaosError, match="^pipeline not started again: the demo is stopping$"):
+        target.restart()
+    assert len(lines) == 1 and "pipeline exited with status 2 while starting" in lines[0], lines
+    assert pipeline.exit_code == 2, "started once, never again"
+    assert pipeline.log_path.read_text().count("error: ") == 1, pipeline.log_path.read_text()

@@ -70,13 +70,19 @@ class ChaosError(RuntimeError):
 
 
 def child_target(kind: str, child: ChildProcess, report: Callable[[str], None],
-                 timeout: float = RECOVERY_TIMEOUT) -> Target:
+                 timeout: float = RECOVERY_TIMEOUT, stopping: threading.Event | None = None) -> Target:
     """An agent or the pipeline: killed with its process group, ready again when its log says so. One that
-    exits while starting (the broker it needs is down too) is started again, as a supervisor would."""
+    exits while starting (the broker it needs is down too) is started again, as a supervisor would, but
+    never once ``stopping`` is set (the demo stops its children: one started after would be left behind)."""
+
+    def start() -> None:
+        if stopping is not None and stopping.is_set():
+            raise ChaosError(f"{child.name} not started again: the demo is stopping")
+        child.start()
 
     def restart() -> None:
         deadline = time.monotonic() + timeout
-        child.start()
+        start()
         while not child.wait_until_ready(max(0.0, deadline - time.monotonic())):
             if child.exit_code is None:
                 raise ChaosError(f"{child.name} not ready {timeout:.0f} s after its restart; the end of "
@@ -84,7 +90,7 @@ def child_target(kind: str, child: ChildProcess, report: Callable[[str], None],
             report(f"chaos: {child.name} exited with status {child.exit_code} while starting; starting it "
                    f"again (its log: {child.log_path})")
             time.sleep(SUPERVISOR_PAUSE_SECONDS)
-            child.start()
+            start()
 
     return Target(kind, child.name, child.kill, restart)
 

@@ -219,8 +219,8 @@ class RealDemo(DemoBase):
             view.message(f"[{self.status.elapsed:5.0f} s] {line}")
 
         targets = [
-            *(child_target("agent", agent, report, timeout) for agent in self.agents),
-            child_target("pipeline", self.pipeline, report, timeout),
+            *(child_target("agent", agent, report, timeout, self.stopping) for agent in self.agents),
+            child_target("pipeline", self.pipeline, report, timeout, self.stopping),
             Target("kafka", f"Kafka broker {kafka.bootstrap_servers}", kafka.kill, kafka.start),
             *(Target("cassandra", f"Cassandra node {node.address}", node.kill,
                      lambda node=node: _start_supervised(node, report, timeout))

@@ -150,6 +150,7 @@ class DemoBase:
         self.keep_reason = ""
         self.pipeline_restarts = 0
         self.chaos: FaultInjector | None = None  # started by a demo that injects faults
+        self.stopping = threading.Event()  # set once the demo stops its children: none is started again
         self._status_at = 0.0
 
     # --- what a subclass provides -----------------------------------------------------------------
@@ -476,6 +477,7 @@ class DemoBase:
     def _shutdown(self) -> None:
         """Stop what was started, newest first: event reader, pipeline, agents, then cluster and broker."""
         self.status.phase = "stopping"
+        self.stopping.set()
         if self.chaos is not None and not self.chaos.stop_injecting(self.options.recovery_timeout):
             log.warning("a process killed by the fault injector did not recover before stopping")
         if self.feed is not None:
