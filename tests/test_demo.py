@@ -78,6 +78,28 @@ def test_real_demo_with_chaos_runs_and_its_check_passes(tmp_path: Path) -> None:
     assert not workdir.exists(), "the work directory is removed at the end"
 
 
+@pytest.mark.timeout(REAL_DEMO_TIMEOUT + 300)
+def test_real_demo_on_a_spark_cluster_with_a_worker_killed_runs_and_its_check_passes(tmp_path: Path) -> None:
+    """`cassandra-cdc demo --spark-cluster --chaos`: the pipeline's work runs on a local standalone cluster
+    (a master, two workers); seed 23 kills a Spark worker first (kill -9; started again, it registers with
+    the master), then the pipeline's driver, as writing goes on; the check passes all the same."""
+    require_jvm_artifacts()
+    workdir = tmp_path / "demo-data"
+    code, output = run_demo(["--spark-cluster", "--chaos", "--fault-interval", "10", "--seed", "23",
+                             "--duration", "25", "--plain", "--catchup-timeout", "600", "--workdir",
+                             str(workdir)], REAL_DEMO_TIMEOUT)
+    assert code == 0, output[-6000:]
+    assert re.search(r"Spark master spark://127\.0\.0\.1:\d+ with 2 workers up", output), output[-6000:]
+    assert re.search(r"chaos: kill -9 of Spark worker\d \(fault 1\)", output), output[-6000:]
+    assert re.search(r"chaos: Spark worker\d ready again [0-9.]+ s after its kill", output), output[-6000:]
+    assert re.search(r"chaos: kill -9 of pipeline \(fault 2\)", output), output[-6000:]
+    assert re.search(r"✓ \d+ faults injected \(seed 23\): agent \d+, pipeline [1-9]\d*, kafka \d+, "
+                     r"cassandra \d+, spark worker [1-9]\d*; recovery", output), output[-6000:]
+    assert "check passed: the events replayed equal SELECT * at CONSISTENCY ALL on the real cluster" in output
+    assert re.search(r"Spark master spark://127\.0\.0\.1:\d+ stopped", output), output[-6000:]
+    assert not workdir.exists(), "the work directory is removed at the end"
+
+
 def test_real_demo_without_the_jvm_artifacts_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CASSANDRA_CDC_JVM_LIB", str(tmp_path))
     result = CliRunner().invoke(app, ["demo", "--duration", "1", "--workdir", str(tmp_path / "demo-data")])

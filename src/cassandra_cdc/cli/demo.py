@@ -28,12 +28,18 @@ def demo(
     rate: Annotated[Optional[float], typer.Option(
         help="CQL statements per second (default: 50 on the real cluster, 200 simulated).")] = None,
     chaos: Annotated[bool, typer.Option(
-        "--chaos", help="While writing, kill (kill -9) and restart an agent, the pipeline, the Kafka broker "
-                        "or a Cassandra node, one every --fault-interval seconds; the final check is the "
-                        "same. Not with --simulated.")] = False,
+        "--chaos", help="While writing, kill (kill -9) and restart an agent, the pipeline, the Kafka broker, "
+                        "a Cassandra node (or, with --spark-cluster, a Spark worker), one every "
+                        "--fault-interval seconds; the final check is the same. Not with "
+                        "--simulated.")] = False,
     fault_interval: Annotated[float, typer.Option(
         help="With --chaos: seconds between two faults (a process is killed again only once it has "
              "recovered).")] = 20.0,
+    spark_cluster: Annotated[bool, typer.Option(
+        "--spark-cluster", help="Run the pipeline's Spark work on a Spark standalone cluster started on this "
+                                "machine (a master and 2 workers of 1 core, an executor of 512 MiB on each), "
+                                "as in production, instead of in the pipeline's own process (local[2]). Not "
+                                "with --simulated.")] = False,
     seed: Annotated[Optional[int], typer.Option(
         help="Seed of the workload (--simulated, default 1) or of the faults (--chaos, default random, "
              "printed so that a run can be repeated).")] = None,
@@ -57,7 +63,8 @@ def demo(
     one `cassandra-cdc agent` per node on its real cdc_raw and the `cassandra-cdc pipeline`, as separate
     processes with the configurations written to --workdir. Shows the events as they come; at the end,
     replays every event into tables and compares them with SELECT * at CONSISTENCY ALL (exit 1 if they
-    differ). --chaos kills and restarts the system's processes meanwhile.
+    differ). --chaos kills and restarts the system's processes meanwhile. --spark-cluster runs the
+    pipeline on a local Spark standalone cluster (a master and two workers).
     --simulated runs a simulated Cassandra 4.1 cluster and an embedded broker instead. Ctrl-C stops
     cleanly (twice: at once); everything started is stopped and the work directory removed (unless --keep,
     or something failed).
@@ -69,6 +76,9 @@ def demo(
         raise typer.BadParameter("--rate must be positive and --keys at least 1")
     if chaos and simulated:
         raise typer.BadParameter("--chaos kills the real system's processes: not with --simulated")
+    if spark_cluster and simulated:
+        raise typer.BadParameter("--spark-cluster runs the real demo's pipeline on a cluster: not with "
+                                 "--simulated")
     if fault_interval <= 0:
         raise typer.BadParameter("--fault-interval must be positive")
     if seed is None:
@@ -76,7 +86,7 @@ def demo(
     options = DemoOptions(workdir=workdir, duration=duration, check=check, keep=keep,
                           rate=rate or (SIMULATED_RATE if simulated else DEFAULT_RATE), seed=seed, keys=keys,
                           alter_at=alter_at, catchup_timeout=catchup_timeout, live=live, chaos=chaos,
-                          fault_interval=fault_interval)
+                          fault_interval=fault_interval, spark_cluster=spark_cluster)
     if simulated:
         raise typer.Exit(run_demo(options))
     from ..localcluster import missing_reason

@@ -9,13 +9,17 @@ one still recovers, but a process is killed again only once it is back):
   checkpoint;
 - the Kafka broker, on the same port and data directory (it recovers its logs at start);
 - a Cassandra node, on the same data (it replays its commit log at start; writes at CONSISTENCY ALL fail
-  while it is down).
+  while it is down);
+- with the pipeline on a Spark standalone cluster, a Spark worker (its JVM alone: its executors exit by
+  themselves), which registers with the master again as a new worker; the master gives the pipeline an
+  executor there again.
 
-The kinds come in rounds, each a shuffle of all of them, so that any round of faults covers every kind;
+The kinds come in rounds, each a shuffle of all the targets' kinds, so that any round of faults covers
+every kind;
 everything random comes from one seed, so that a run can be repeated (the same faults, as far as the
 timing of recoveries allows). A fault's recovery time runs from
 the kill until the process is ready again: an agent or the pipeline shows its ready marker in its log, the
-broker answers metadata requests, the node answers CQL.
+broker answers metadata requests, the node answers CQL, the master lists the worker as alive.
 
 The injector's threads (one schedules, one per fault kills and restarts) live until :meth:`close`, once
 the demo has stopped everything: on Linux, a child started with ``PR_SET_PDEATHSIG`` (the demo's agents,
@@ -36,7 +40,7 @@ from .processes import ChildProcess
 
 log = logging.getLogger(__name__)
 
-KINDS = ("agent", "pipeline", "kafka", "cassandra")
+KINDS = ("agent", "pipeline", "kafka", "cassandra", "spark worker")
 DOWNTIME_SECONDS = (2.0, 6.0)  # how long a killed process stays down before it is started again
 RECOVERY_TIMEOUT = 300.0  # a restarted process not ready by then fails the demo
 SUPERVISOR_PAUSE_SECONDS = 2.0  # before starting again a process that exited while starting
@@ -66,13 +70,19 @@ class ChaosError(RuntimeError):
 
 
 def child_target(kind: str, child: ChildProcess, report: Callable[[str], None],
-                 timeout: float = RECOVERY_TIMEOUT) -> Target:
+                 timeout: float = RECOVERY_TIMEOUT, stopping: threading.Event | None = None) -> Target:
     """An agent or the pipeline: killed with its process group, ready again when its log says so. One that
-    exits while starting (the broker it needs is down too) is started again, as a supervisor would."""
+    exits while starting (the broker it needs is down too) is started again, as a supervisor would, but
+    never once ``stopping`` is set (the demo stops its children: one started after would be left behind)."""
+
+    def start() -> None:
+        if stopping is not None and stopping.is_set():
+            raise ChaosError(f"{child.name} not started again: the demo is stopping")
+        child.start()
 
     def restart() -> None:
         deadline = time.monotonic() + timeout
-        child.start()
+        start()
         while not child.wait_until_ready(max(0.0, deadline - time.monotonic())):
             if child.exit_code is None:
                 raise ChaosError(f"{child.name} not ready {timeout:.0f} s after its restart; the end of "
@@ -80,7 +90,7 @@ def child_target(kind: str, child: ChildProcess, report: Callable[[str], None],
             report(f"chaos: {child.name} exited with status {child.exit_code} while starting; starting it "
                    f"again (its log: {child.log_path})")
             time.sleep(SUPERVISOR_PAUSE_SECONDS)
-            child.start()
+            start()
 
     return Target(kind, child.name, child.kill, restart)
 
@@ -89,14 +99,18 @@ class FaultInjector:
     """Kills and restarts ``targets`` in background threads; ``report`` gets one line per kill and per
     recovery; the demo reads ``down`` (names of the targets killed and not yet ready), ``faults`` and
     ``error``. A fault is due every ``interval`` seconds even while earlier ones recover (a broker
-    killed while a node restarts), but a target is never killed again before it has recovered."""
+    killed while a node restarts), but a target is never killed again before it has recovered. With
+    ``limit``, no fault after the ``limit``-th (:attr:`finished` once it has recovered)."""
 
     def __init__(self, targets: Sequence[Target], interval: float, seed: int, report: Callable[[str], None],
-                 downtime: tuple[float, float] = DOWNTIME_SECONDS) -> None:
-        kinds = {target.kind for target in targets}
-        if kinds != set(KINDS):
-            raise ValueError(f"targets of every kind {KINDS} needed, got {sorted(kinds)}")
+                 downtime: tuple[float, float] = DOWNTIME_SECONDS, limit: int | None = None) -> None:
+        unknown = {target.kind for target in targets} - set(KINDS)
+        if unknown or not targets:
+            raise ValueError(f"targets of the kinds {KINDS} needed, got {sorted(unknown) or 'none'}")
         self.targets = list(targets)
+        # In KINDS' order, so that a seed shuffles them the same way every time.
+        self.kinds = tuple(kind for kind in KINDS if any(target.kind == kind for target in targets))
+        self.limit = limit
         self.interval = interval
         self.downtime = downtime
         self.seed = seed
@@ -133,6 +147,12 @@ class FaultInjector:
                 thread.join(10)
 
     @property
+    def finished(self) -> bool:
+        """Whether the ``limit``-th fault has been injected and everything killed is ready again."""
+        with self._lock:
+            return self.limit is not None and len(self.faults) >= self.limit and not self.down
+
+    @property
     def current(self) -> str:
         """What is down right now, for the live view."""
         now = time.monotonic() - self._started_at
@@ -144,6 +164,8 @@ class FaultInjector:
         next_at = self._started_at + self.interval
         while not self._stop_injecting.wait(max(0.0, next_at - time.monotonic())):
             next_at += self.interval
+            if self.limit is not None and len(self.faults) >= self.limit:
+                break
             target = self._next_target()
             if target is None:
                 continue  # everything that could be killed is down already
@@ -164,7 +186,7 @@ class FaultInjector:
     def _next_target(self) -> Target | None:
         """A target of the next kind in the round with one up (the round a shuffle of every kind)."""
         if not self._round:
-            self._round = list(KINDS)
+            self._round = list(self.kinds)
             self._random.shuffle(self._round)
         for kind in list(self._round):
             candidates = [t for t in self.targets if t.kind == kind and t.name not in self.down]
@@ -197,7 +219,7 @@ class FaultInjector:
 
     def summary(self) -> str:
         """Faults by kind and the recovery times, one line."""
-        by_kind = ", ".join(f"{kind} {sum(1 for f in self.faults if f.kind == kind)}" for kind in KINDS)
+        by_kind = ", ".join(f"{kind} {sum(1 for f in self.faults if f.kind == kind)}" for kind in self.kinds)
         times = [f.recovery_seconds for f in self.faults if f.recovery_seconds is not None]
         recovery = (f"recovery p50 {statistics.median(times):.1f} s, max {max(times):.1f} s"
                     if times else "none recovered")

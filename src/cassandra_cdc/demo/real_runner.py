@@ -8,6 +8,9 @@ pipeline reads the raw topic with Spark's own Kafka source (the connector ``make
 steady rate. Once writing ends and the TTLs have passed, every table's events replayed must equal
 ``SELECT *`` at CONSISTENCY ALL, with no event read twice. With ``chaos``, agents, the pipeline, the
 broker and the nodes are killed and restarted while it writes (:mod:`.chaos`), and the check is the same.
+With ``spark_cluster``, the pipeline's driver sends its work to a Spark standalone cluster on this machine
+(a master and ``SPARK_WORKERS`` workers of one core each) instead of running it in ``local[2]``; chaos then
+kills Spark workers too.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-from ..localcluster import CassandraCluster, JvmError, KafkaBroker
+from ..localcluster import CassandraCluster, CassandraNode, JvmError, KafkaBroker, SparkStandaloneCluster
 from ..localcluster.artifacts import spark_kafka_jars
-from .chaos import RECOVERY_TIMEOUT, FaultInjector, Target, child_target
+from .chaos import SUPERVISOR_PAUSE_SECONDS, FaultInjector, Target, child_target
 from .cql_workload import (CDC_TABLES, DEFAULT_TTL, NON_CDC_TABLE, SHORT_TTL, Workload, key_columns,
                            schema_statements, table_rows)
 from .runner import VIEW_SECONDS, DemoBase, DemoError, DemoOptions, _StoppedEarly
@@ -35,6 +38,11 @@ DEFAULT_RATE = 50.0  # statements per second: three nodes at CONSISTENCY ALL bes
 CATCH_UP_POLL_SECONDS = 3.0  # each comparison reads every table at CONSISTENCY ALL
 KEYS_PER_ROUND = 1000  # each round of the workload writes keys of its own
 TRUNCATING_ROUND = 2  # the round that begins with a TRUNCATE of ``collections``: rows before it and after it
+SPARK_WORKERS = 2
+# Each worker runs one executor of one core for the pipeline: the least that keeps a worker's kill from
+# stopping the query (the other executor goes on), on two cores shared with the nodes and the broker.
+SPARK_EXECUTOR = {"spark.executor.cores": "1", "spark.executor.memory": "512m",
+                  "spark.cores.max": str(SPARK_WORKERS)}
 
 
 class _WritingOver(Exception):
@@ -72,7 +80,9 @@ class RealDemo(DemoBase):
         status = self.status
         status.about = (f"{NODES} real Cassandra 5.0 nodes (RF=3) write commit logs to cdc_raw → {NODES} "
                         "agents publish raw records to a real Kafka broker ({broker}) → the Spark pipeline "
-                        f"merges the replicas → one event per change on {self.server}.{KEYSPACE}.<table>")
+                        + (f"(on a standalone cluster of {SPARK_WORKERS} workers) " if options.spark_cluster
+                           else "")
+                        + f"merges the replicas → one event per change on {self.server}.{KEYSPACE}.<table>")
         status.tables = (*self.cdc_tables, self.non_cdc_table)
         status.cdc_tables = self.cdc_tables
         status.schema_plan = None
@@ -80,6 +90,7 @@ class RealDemo(DemoBase):
         status.other_topics = f"{self.server}.raw, {self.server}, {self.server}.errors"
         self.kafka: KafkaBroker | None = None
         self.cluster: CassandraCluster | None = None
+        self.spark: SparkStandaloneCluster | None = None
         self._driver = contextlib.ExitStack()
         self.session: Any = None
         self._segments_seen: set[tuple[str, str]] = set()
@@ -101,6 +112,12 @@ class RealDemo(DemoBase):
         self.cluster = CassandraCluster(self.workdir / "cassandra", nodes=NODES, progress=self._progress)
         self.cluster.start()
         self._progress(f"Kafka and {NODES} Cassandra nodes up in {time.monotonic() - started:.0f} s")
+        if self.options.spark_cluster:
+            self.spark = SparkStandaloneCluster(
+                self.workdir / "spark", workers=SPARK_WORKERS, worker_cores=1,
+                worker_memory=SPARK_EXECUTOR["spark.executor.memory"], progress=self._progress,
+                startup_timeout=self.options.recovery_timeout)
+            self.spark.start()
         self.bootstrap_servers = self.kafka.bootstrap_servers
         self.nodes = [(node.address, node.cdc_raw_dir) for node in self.cluster.nodes]
         self.status.nodes = [NodeStatus(node.address) for node in self.cluster.nodes]
@@ -130,6 +147,11 @@ class RealDemo(DemoBase):
         jars = spark_kafka_jars(Path(pyspark.__file__).parent / "jars")
         settings["kafka"]["source"] = "kafka"
         settings["spark"]["conf"] = {"spark.jars": ",".join(map(str, jars))}
+        if self.spark is not None:
+            settings["spark"]["master"] = self.spark.master_url
+            # The executors connect back to the driver, on this machine.
+            settings["spark"]["conf"].update(SPARK_EXECUTOR, **{"spark.driver.host": "127.0.0.1",
+                                                                "spark.driver.bindAddress": "127.0.0.1"})
         return settings
 
     def _key_columns(self) -> dict[str, list[str]]:
@@ -155,8 +177,9 @@ class RealDemo(DemoBase):
         def pace(cql: str) -> None:
             nonlocal next_at, next_view
             now = time.monotonic()
-            if self.stop.requested.is_set() or (options.duration is not None
-                                                and now - started >= options.duration):
+            if (self.stop.requested.is_set() or (options.duration is not None
+                                                 and now - started >= options.duration)
+                    or (self.chaos is not None and self.chaos.finished)):
                 raise _WritingOver()
             # A steady rate: time lost to a stall (a busy machine) is not made up with a burst.
             next_at = max(next_at, now - 1.0) + 1 / options.rate
@@ -190,20 +213,25 @@ class RealDemo(DemoBase):
 
     def _start_chaos(self, view: View) -> None:
         assert self.kafka is not None and self.cluster is not None and self.pipeline is not None
-        kafka = self.kafka
+        kafka, timeout = self.kafka, self.options.recovery_timeout
 
         def report(line: str) -> None:
             view.message(f"[{self.status.elapsed:5.0f} s] {line}")
 
         targets = [
-            *(child_target("agent", agent, report) for agent in self.agents),
-            child_target("pipeline", self.pipeline, report),
+            *(child_target("agent", agent, report, timeout, self.stopping) for agent in self.agents),
+            child_target("pipeline", self.pipeline, report, timeout, self.stopping),
             Target("kafka", f"Kafka broker {kafka.bootstrap_servers}", kafka.kill, kafka.start),
             *(Target("cassandra", f"Cassandra node {node.address}", node.kill,
-                     lambda node=node: node.start(RECOVERY_TIMEOUT)) for node in self.cluster.nodes),
+                     lambda node=node: _start_supervised(node, report, timeout))
+              for node in self.cluster.nodes),
         ]
+        if self.spark is not None:
+            spark = self.spark
+            targets += [Target("spark worker", f"Spark {worker.name}", worker.kill,
+                               lambda worker=worker: spark.start_worker(worker)) for worker in spark.workers]
         self.chaos = FaultInjector(targets, self.options.fault_interval, self.options.seed,
-                                   report)
+                                   report, limit=self.options.faults)
         view.message(f"[{self.status.elapsed:5.0f} s] chaos: a process killed (kill -9) and restarted every "
                      f"{self.options.fault_interval:.0f} s while writing; seed {self.options.seed} (--seed "
                      f"{self.options.seed} repeats the sequence)")
@@ -228,9 +256,9 @@ class RealDemo(DemoBase):
             recovering = self.chaos.current
             view.message(f"[{self.status.elapsed:5.0f} s] chaos: no more faults"
                          + (f"; waiting for what is down to recover: {recovering}" if recovering else ""))
-            if not self.chaos.stop_injecting():
+            if not self.chaos.stop_injecting(self.options.recovery_timeout):
                 raise DemoError(f"a process killed by the fault injector was not ready again within "
-                                f"{RECOVERY_TIMEOUT:.0f} s: {self.chaos.current}")
+                                f"{self.options.recovery_timeout:.0f} s: {self.chaos.current}")
             self._check_children()
         return time.time() + max(SHORT_TTL, DEFAULT_TTL) + 1
 
@@ -264,7 +292,7 @@ class RealDemo(DemoBase):
 
     def _stop_systems(self) -> None:
         self._driver.close()
-        for system in (self.cluster, self.kafka):
+        for system in (self.spark, self.cluster, self.kafka):
             if system is None:
                 continue
             try:
@@ -272,6 +300,21 @@ class RealDemo(DemoBase):
             except JvmError as error:
                 self.console.print(f"[yellow]warning:[/] stopping {type(system).__name__}: {error}",
                                    highlight=False)
+
+
+def _start_supervised(node: CassandraNode, report: Callable[[str], None], timeout: float) -> None:
+    """Start a killed node again, and again if it exits while starting, as a supervisor would: a node whose
+    seed is down too (killed meanwhile) gives up with "Unable to gossip with any peers"."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            node.start(max(1.0, deadline - time.monotonic()))
+            return
+        except JvmError as error:
+            if time.monotonic() >= deadline:
+                raise
+            report(f"chaos: {str(error).splitlines()[0]}; starting it again (its log: {node.system_log})")
+            time.sleep(SUPERVISOR_PAUSE_SECONDS)
 
 
 def run_real_demo(options: DemoOptions, console: Console | None = None) -> int:

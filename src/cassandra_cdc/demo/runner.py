@@ -40,7 +40,7 @@ from ..schema import Schema, load_schema_files
 from ..localcluster import JvmError
 from ..simulator import BrokerError, Clock, Cluster, EmbeddedBroker, Workload
 from .table_check import CheckResult, compare_rows, normalized
-from .chaos import FaultInjector
+from .chaos import RECOVERY_TIMEOUT, FaultInjector
 from .feed import EventFeed
 from .processes import ChildProcess
 from .view import DemoStatus, NodeStatus, View
@@ -78,6 +78,9 @@ class DemoOptions:
     live: bool | None = None  # rich live view; None: when the output is a terminal
     chaos: bool = False  # kill and restart the real system's processes while writing (demo.chaos)
     fault_interval: float = 20.0  # seconds between two faults
+    faults: int | None = None  # with ``chaos``: stop writing once this many faults have recovered
+    recovery_timeout: float = RECOVERY_TIMEOUT  # with ``chaos``: a killed process not ready by then fails
+    spark_cluster: bool = False  # the pipeline on a local Spark standalone cluster, not local[2]
 
     @property
     def schema_change_at(self) -> float:
@@ -147,6 +150,7 @@ class DemoBase:
         self.keep_reason = ""
         self.pipeline_restarts = 0
         self.chaos: FaultInjector | None = None  # started by a demo that injects faults
+        self.stopping = threading.Event()  # set once the demo stops its children: none is started again
         self._status_at = 0.0
 
     # --- what a subclass provides -----------------------------------------------------------------
@@ -359,7 +363,7 @@ class DemoBase:
             # Read after the exit code: the injector marks a child down before it kills it.
             if self.chaos is not None and child.name in self.chaos.down:
                 continue  # killed on purpose: the fault injector starts it again
-            restartable = child is self.pipeline and self.pipeline_restarts < self.pipeline_restarts_allowed
+            restartable = child is self.pipeline and self.pipeline_restarts < self.pipeline_restart_limit
             if code is not None and restartable:
                 self._restart_pipeline(code)
             elif code is not None:
@@ -367,6 +371,14 @@ class DemoBase:
                                 f"{child.log_tail()}")
         if self.feed is not None and self.feed.error is not None:
             raise DemoError(f"reading the events failed: {self.feed.error}")
+
+    @property
+    def pipeline_restart_limit(self) -> int:
+        """``pipeline_restarts_allowed``, plus one per broker kill of the fault injector: the pipeline can
+        exit while the broker is down (its schema catalog's metadata request fails), which a long run of
+        chaos would otherwise turn into a failed demo."""
+        broker_kills = sum(fault.kind == "kafka" for fault in self.chaos.faults) if self.chaos else 0
+        return self.pipeline_restarts_allowed + broker_kills
 
     def _restart_pipeline(self, code: int) -> None:
         """Start the pipeline again, as an operator would: its checkpoint says where it resumes."""
@@ -376,7 +388,7 @@ class DemoBase:
         reason = next((line for line in reversed(lines) if "Exception:" in line or "Error:" in line), lines[-1])
         self.console.print(f"[{self.status.elapsed:5.0f} s] the pipeline exited with status {code} "
                            f"({reason.strip()[:300]}); starting it again from its checkpoint (restart "
-                           f"{self.pipeline_restarts} of at most {self.pipeline_restarts_allowed}; its log: "
+                           f"{self.pipeline_restarts} of at most {self.pipeline_restart_limit}; its log: "
                            f"{self.pipeline.log_path})", highlight=False)
         self.pipeline.start()
 
@@ -465,7 +477,8 @@ class DemoBase:
     def _shutdown(self) -> None:
         """Stop what was started, newest first: event reader, pipeline, agents, then cluster and broker."""
         self.status.phase = "stopping"
-        if self.chaos is not None and not self.chaos.stop_injecting():
+        self.stopping.set()
+        if self.chaos is not None and not self.chaos.stop_injecting(self.options.recovery_timeout):
             log.warning("a process killed by the fault injector did not recover before stopping")
         if self.feed is not None:
             self.feed.stop()

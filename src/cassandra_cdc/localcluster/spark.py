@@ -137,6 +137,10 @@ class SparkStandaloneCluster(JvmCluster):
     def running(self) -> bool:
         return self._master.running
 
+    @property
+    def master_pid(self) -> int | None:
+        return self._master.pid
+
     def status(self) -> dict[str, Any]:
         """The master's view (its web UI's ``/json``): ``aliveworkers``, ``workers``, ``activeapps``,
         ``completedapps``..."""
