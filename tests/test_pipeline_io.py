@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
@@ -338,6 +338,36 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
     assert in_worker(first, 4) == (3, False)
     values = [value for _, _, _, value in read_topic(real_kafka, output)]
     assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(5) for i in range(3)]
+
+
+def test_a_checkpoint_of_an_earlier_transactional_id_goes_on_without_a_duplicate(real_kafka):
+    """Versions that named every query ``cassandra-cdc`` wrote their markers under ``cassandra-cdc-<p>``. On
+    the checkpoint such a version wrote, the query renamed skips what that run committed, and fences an
+    attempt of that run still open under the earlier id, which then cannot commit."""
+    output, commit_topic = "renamed-output", "renamed-commits"
+    real_kafka.create_topic(output, 1)
+    earlier_name = f"renamed-earlier-{uuid.uuid4().hex[:8]}"
+    earlier = SinkSettings(real_kafka.bootstrap_servers, commit_topic, earlier_name)
+    for batch_id in (0, 1):
+        assert write_task(earlier, MicroBatchTask(batch_id, 0, "query-1"), output, 3).records == 3
+    # A task of batch 2 of the earlier run, still running: its transaction is open when the new one starts.
+    stale = Producer({"bootstrap.servers": real_kafka.bootstrap_servers,
+                      "transactional.id": f"{earlier_name}-0"})
+    stale.init_transactions(30)
+    stale.begin_transaction()
+    stale.produce(output, b"stale", b"stale-b2")
+    stale.flush(30)
+
+    renamed = SinkSettings(real_kafka.bootstrap_servers, commit_topic, "renamed-now", (earlier_name,))
+    replay = write_task(renamed, MicroBatchTask(1, 0, "query-1"), output, 3)
+    assert replay.skipped and replay.records == 0
+    assert write_task(renamed, MicroBatchTask(2, 0, "query-1"), output, 3).records == 3
+    with pytest.raises(KafkaException):
+        stale.commit_transaction(30)
+    # Another checkpoint (query id) under the earlier name is not this one's.
+    assert write_task(renamed, MicroBatchTask(0, 0, "query-2"), output, 1).records == 1
+    values = [value for _, _, _, value in read_topic(real_kafka, output)]
+    assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(3) for i in range(3)] + [b"b0-p0-0"]
 
 
 def create_topic_refusing_large_records(broker, topic: str) -> None:

@@ -32,7 +32,16 @@ from .spark_session import kafka_format_available, session_master, spark_session
 
 log = logging.getLogger(__name__)
 
-QUERY_NAME = "cassandra-cdc"
+APP_NAME = "cassandra-cdc"
+# What versions before the query was named after its server named every query (hence its transactional ids
+# and commit markers, event_sink.py): a checkpoint they wrote is read with it.
+EARLIER_QUERY_NAME = APP_NAME
+
+
+def query_name(server: str) -> str:
+    """The streaming query's name, which names its Kafka transactional ids: one per server, so that the
+    pipelines of two servers never fence each other on one Kafka cluster."""
+    return f"{APP_NAME}.{server}"
 
 
 # Raw topic partitions the job can group by; the agents' default is 12.
@@ -87,7 +96,8 @@ def change_events(spark: SparkSession, config: PipelineConfig,
 
 def sink_settings(config: PipelineConfig) -> SinkSettings:
     kafka = config.kafka
-    return SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
+    return SinkSettings(kafka.bootstrap_servers, config.commit_topic, query_name(config.server),
+                        (EARLIER_QUERY_NAME,), config.output.exactly_once,
                         tuple(sorted(kafka.librdkafka(kafka.producer).items())),
                         kafka.events_topic_partitions, config.output.compacted_topics, (config.errors_topic,))
 
@@ -236,7 +246,7 @@ def start(spark: SparkSession, config: PipelineConfig,
           tally: Accumulator[PipelineTally] | None = None) -> StreamingQuery:
     check_checkpoint(config, spark)
     query = (change_events(spark, config, tally).writeStream
-             .queryName(QUERY_NAME)
+             .queryName(query_name(config.server))
              .format("noop")
              .outputMode("update")
              .option("checkpointLocation", config.checkpoint)
@@ -249,7 +259,7 @@ def start(spark: SparkSession, config: PipelineConfig,
 
 def run(config: PipelineConfig, duration: float | None = None) -> int:
     """Run the pipeline until stopped (Ctrl-C / SIGTERM) or for ``duration`` seconds."""
-    spark = spark_session(session_master(config.spark.master), QUERY_NAME, config.spark.shuffle_partitions,
+    spark = spark_session(session_master(config.spark.master), APP_NAME, config.spark.shuffle_partitions,
                           config.spark.conf)
     metrics = PipelineMetrics(spark, config)
     server = serve_metrics(config.metrics.host, config.metrics.port, metrics.registry, metrics.not_ready)
