@@ -46,7 +46,7 @@ class RawPublisher:
         schema = parse_schema(cql)
         table = schema.table("app", "items")
         record = SchemaRecord.of(table, "node1")
-        self.producer.produce(self.server, record.encode(), record.key)
+        self.producer.produce(f"{self.server}.table-schemas", record.encode(), record.key)
         self.producer.flush(30)
         return schema
 

@@ -30,6 +30,7 @@ from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourc
                                            SourceOptions, admit, group_ranges, read_range)
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.kafka.schema_records import SchemaRecord
+from cassandra_cdc.kafka.topic_names import schema_topics
 from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
                                          kafka_format_available)
 
@@ -416,8 +417,8 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
         assert producer.flush(30) == 0
 
     table_id = "6c0e7a10-0000-4000-8000-0000000000c1"
-    catalog = SchemaCatalog.shared(broker.bootstrap_servers, topic)
-    assert SchemaCatalog.shared(broker.bootstrap_servers, topic) is catalog
+    catalog = SchemaCatalog.shared(broker.bootstrap_servers, (topic,))
+    assert SchemaCatalog.shared(broker.bootstrap_servers, (topic,)) is catalog
     assert catalog.refresh() is False  # nothing published yet
     publish(f"CREATE TABLE ks.t (id int PRIMARY KEY, a text) WITH ID = {table_id} AND cdc = true;")
     found = catalog.table(uuid.UUID(table_id))
@@ -430,6 +431,39 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
     assert catalog.table(uuid.UUID(table_id).bytes) == (table, version)  # as records carry the id
     catalog.close()
     producer.close()
+
+
+def test_the_catalog_reads_the_schemas_an_earlier_version_published_on_the_server_topic(real_kafka, caplog):
+    """Versions before published the table schemas on ``<server>``: after an upgrade the catalog reads them
+    there first, then ``<server>.table-schemas``, whose definitions replace them; records on ``<server>`` that
+    are not table schemas (Debezium's schema changes) are skipped without an error."""
+    server = "upgraded"
+    old, new = schema_topics(server)
+    assert (old, new) == (server, f"{server}.table-schemas")
+    ids = {"kept": "6c0e7a10-0000-4000-8000-0000000000d1", "altered": "6c0e7a10-0000-4000-8000-0000000000d2"}
+    with Producer({"bootstrap.servers": real_kafka.bootstrap_servers, "acks": "all"}) as producer:
+        def publish(topic: str, name: str, columns: str) -> None:
+            cql = (f"CREATE TABLE ks.{name} (id int PRIMARY KEY{columns}) WITH ID = {ids[name]} "
+                   "AND cdc = true;")
+            record = SchemaRecord.of(parse_schema(cql).table("ks", name), "node1")
+            producer.produce(topic, record.encode(), record.key)
+
+        publish(old, "kept", ", a text")
+        publish(old, "altered", ", a text")
+        producer.produce(old, json.dumps({"schema": {"type": "struct"}, "payload": {"ddl": "x"}}).encode(),
+                         b'{"payload":{"databaseName":"ks"}}')
+        publish(new, "altered", ", a text, b int")
+        assert producer.flush(30) == 0
+    catalog = SchemaCatalog(real_kafka.bootstrap_servers, (old, new))
+    try:
+        with caplog.at_level("ERROR", logger="cassandra_cdc"):
+            assert catalog.refresh() is True
+        assert [[c.name for c in catalog.table(uuid.UUID(ids[name]))[0].columns] for name in ids] == [
+            ["id", "a"], ["id", "a", "b"]]
+        assert caplog.records == []
+        assert catalog.refresh() is False
+    finally:
+        catalog.close()
 
 
 def test_at_least_once_task_sink_creates_topics_and_writes_replays_again(broker):

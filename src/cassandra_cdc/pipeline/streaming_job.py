@@ -81,7 +81,8 @@ def change_events(spark: SparkSession, config: PipelineConfig,
     sink = sink_settings(config)
     settings = ProcessorSettings(
         server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
-        schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
+        schema_topics=config.schema_topics_read, errors_topic=config.errors_topic,
+        format=config.output.format,
         schema_registry=tuple(sorted(config.output.registry_client_settings().items())),
         tombstones=config.output.tombstones, type_modes=config.output.type_modes,
         static_only_rows=config.output.static_only_rows,
