@@ -84,7 +84,11 @@ def test_config_errors_stop_the_command_with_one_line(tmp_path: Path) -> None:
     # Flags override the file.
     config = load_config(path, {"kafka.bootstrap_servers": "h:1", "node_id": "n7"})
     assert config.kafka.bootstrap_servers == "h:1" and config.node_id == "n7"
-    assert config.raw_topic == "prod.raw" and config.schema_topic == "prod" and config.errors_topic == "prod.errors"
+    assert config.raw_topic == "prod.raw" and config.errors_topic == "prod.errors"
+    # <server> itself is Debezium's schema change topic's name: the table schemas are read from it too, first,
+    # for what versions before published there.
+    assert config.schema_topic == "prod.table-schemas"
+    assert config.schema_topics_read == ("prod", "prod.table-schemas")
 
 
 def test_missing_paths_are_configuration_errors(tmp_path: Path) -> None:

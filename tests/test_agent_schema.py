@@ -63,7 +63,7 @@ def test_unknown_tables_are_skipped_once_waited_for_until_the_schema_has_them(
         wait_until(lambda: not h.segment_files(), "the segment published and deleted")
         raw.poll(0.2)
     assert_published_exactly(raw, h.expected, schema=CREATED_LATE_SCHEMA)
-    schemas = h.reader(h.server)
+    schemas = h.reader(f"{h.server}.table-schemas")
     schemas.wait_for(lambda: len(schemas.messages) >= 2, "schema records")
     assert {m.key() for m in schemas.messages} == {b"ks.users", b"ks.late"}
     schemas.close()
@@ -142,7 +142,7 @@ SYSTEM_CQL = (Path(__file__).parent / "data" / "system_schemas" / "cassandra-4.0
 
 
 def schema_versions(h: Harness, table: str) -> list[SchemaRecord]:
-    reader = h.reader(h.server)
+    reader = h.reader(f"{h.server}.table-schemas")
     reader.poll(1.0)
     return [r for r in map(SchemaRecord.decode, (m.value() for m in reader.messages))
             if f"{r.keyspace}.{r.table}" == table]

@@ -111,14 +111,14 @@ def test_live_tailing_publishes_every_change_in_order_with_schemas_first(harness
     assert all(r.write_time > 0 for r in raw.records)
 
     # Schemas: only the published tables, each acknowledged before the table's first record was produced.
-    schemas = h.reader(h.server)
+    schemas = h.reader(f"{h.server}.table-schemas")
     schemas.wait_for(lambda: len(schemas.messages) >= 2, "schema records")
     published = {m.key().decode(): SchemaRecord.decode(m.value()) for m in schemas.messages}
     assert set(published) == {"ks.users", "ks.events"}
     for name, record in published.items():
         table = SCHEMA.table(*name.split("."))
         assert record.table_metadata().id == table.id and record.version == table.version_hash()
-        schema_acked = events.index(("ack", h.server, name.encode()))
+        schema_acked = events.index(("ack", f"{h.server}.table-schemas", name.encode()))
         first_record = next(i for i, (kind, topic, key) in enumerate(events)
                             if kind == "produce" and topic == h.raw_topic and key[:16] == table.id.bytes)
         assert schema_acked < first_record, f"{name}: a raw record was produced before its schema was acknowledged"

@@ -386,7 +386,7 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                 pipeline = start(spark, load_pipeline_config(None, {
                     **pipeline_settings, "server": AVRO_SERVER,
                     "checkpoint": str(tmp_path / "avro-checkpoint"), "kafka.raw_topic": f"{SERVER}.raw",
-                    "kafka.schema_topic": SERVER, "output.format": "avro",
+                    "kafka.schema_topic": f"{SERVER}.table-schemas", "output.format": "avro",
                     "output.decimal_handling_mode": "string", "output.varint_handling_mode": "string",
                     "output.schema_registry.url": registry.url,
                     "output.schema_registry.ca_file": str(authority.certificate),

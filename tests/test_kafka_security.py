@@ -227,7 +227,8 @@ def test_the_bootstrap_publishes_through_sasl_ssl(secure_kafka: Any, tmp_path: P
                      "--no-progress", "--sstables", str(snapshot), timeout=300)
     assert result.returncode == 0, result.stderr
     assert "1 of 1 tasks run" in result.stdout and "250 rows" in result.stdout, result.stdout
-    (_, schema_value), = read_topic(secure_kafka, "secure-bootstrap", security=security.librdkafka())
+    (_, schema_value), = read_topic(secure_kafka, "secure-bootstrap.table-schemas",
+                                    security=security.librdkafka())
     assert SchemaRecord.decode(schema_value).table_id == str(TABLE_ID)
     raw = read_topic(secure_kafka, "secure-bootstrap.raw", security=security.librdkafka())
     records = [RawRecord.decode(value) for _, value in raw]

@@ -48,7 +48,7 @@ class RawPublisher:
         schema = parse_schema(cql)
         table = schema.table("app", "items")
         record = SchemaRecord.of(table, "node1")
-        self.producer.produce(self.server, record.encode(), record.key)
+        self.producer.produce(f"{self.server}.table-schemas", record.encode(), record.key)
         self.producer.flush(30)
         return schema
 
@@ -308,3 +308,34 @@ def test_each_kafka_source_gives_one_committed_event_per_change(real_kafka: Any,
     assert sorted((e["op"], e["after"]["id"], e["after"]["qty"]) for e in events) == sorted(
         [("c", i, i) for i in range(20)] + [("u", i, 100 + i) for i in range(5)])
     assert read_all(real_kafka.bootstrap_servers, f"{server}.errors") == []
+
+
+def test_the_pipelines_of_two_servers_on_one_kafka_each_deliver_every_event_once(real_kafka: Any, spark: Any,
+                                                                                  tmp_path: Path) -> None:
+    """Each server's pipeline has transactional ids of its own: running side by side, in small micro-batches
+    so that their transactions overlap, neither fences the other's."""
+    servers = ("twin-east", "twin-west")
+    total = 120
+    now = time.time_ns() // 1000
+    publishers = [RawPublisher(real_kafka.bootstrap_servers, server) for server in servers]
+    for publisher in publishers:
+        schema = publisher.schema(V1)
+        for i in range(total):
+            publisher.write(schema, Insert("app.items", {"id": i, "name": publisher.server, "qty": i},
+                                           timestamp=now + i))
+    queries = [start(spark, pipeline_config(real_kafka, server, tmp_path / server,
+                                            **{"kafka.max_offsets_per_trigger": 30}))
+               for server in servers]
+    try:
+        for topic in (f"{server}.app.items" for server in servers):
+            assert wait_for(lambda: len(read_all(real_kafka.bootstrap_servers, topic)) >= total, 240), topic
+        assert all(query.exception() is None for query in queries)
+    finally:
+        for query in queries:
+            query.stop()
+        for publisher in publishers:
+            publisher.close()
+    for server in servers:
+        events = [e["payload"] for e in read_all(real_kafka.bootstrap_servers, f"{server}.app.items")]
+        assert sorted((e["op"], e["after"]["id"], e["after"]["name"]) for e in events) == [
+            ("c", i, server) for i in range(total)], server

@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
@@ -30,6 +30,7 @@ from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourc
                                            SourceOptions, admit, group_ranges, read_range)
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.kafka.schema_records import SchemaRecord
+from cassandra_cdc.kafka.topic_names import schema_topics
 from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
                                          kafka_format_available)
 
@@ -340,6 +341,36 @@ def test_transactional_producer_kept_by_a_worker_is_replaced_after_another_wrote
     assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(5) for i in range(3)]
 
 
+def test_a_checkpoint_of_an_earlier_transactional_id_goes_on_without_a_duplicate(real_kafka):
+    """Versions that named every query ``cassandra-cdc`` wrote their markers under ``cassandra-cdc-<p>``. On
+    the checkpoint such a version wrote, the query renamed skips what that run committed, and fences an
+    attempt of that run still open under the earlier id, which then cannot commit."""
+    output, commit_topic = "renamed-output", "renamed-commits"
+    real_kafka.create_topic(output, 1)
+    earlier_name = f"renamed-earlier-{uuid.uuid4().hex[:8]}"
+    earlier = SinkSettings(real_kafka.bootstrap_servers, commit_topic, earlier_name)
+    for batch_id in (0, 1):
+        assert write_task(earlier, MicroBatchTask(batch_id, 0, "query-1"), output, 3).records == 3
+    # A task of batch 2 of the earlier run, still running: its transaction is open when the new one starts.
+    stale = Producer({"bootstrap.servers": real_kafka.bootstrap_servers,
+                      "transactional.id": f"{earlier_name}-0"})
+    stale.init_transactions(30)
+    stale.begin_transaction()
+    stale.produce(output, b"stale", b"stale-b2")
+    stale.flush(30)
+
+    renamed = SinkSettings(real_kafka.bootstrap_servers, commit_topic, "renamed-now", (earlier_name,))
+    replay = write_task(renamed, MicroBatchTask(1, 0, "query-1"), output, 3)
+    assert replay.skipped and replay.records == 0
+    assert write_task(renamed, MicroBatchTask(2, 0, "query-1"), output, 3).records == 3
+    with pytest.raises(KafkaException):
+        stale.commit_transaction(30)
+    # Another checkpoint (query id) under the earlier name is not this one's.
+    assert write_task(renamed, MicroBatchTask(0, 0, "query-2"), output, 1).records == 1
+    values = [value for _, _, _, value in read_topic(real_kafka, output)]
+    assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(3) for i in range(3)] + [b"b0-p0-0"]
+
+
 def create_topic_refusing_large_records(broker, topic: str) -> None:
     """``topic`` with 1 partition whose broker refuses a record over 1 KiB (``MSG_SIZE_TOO_LARGE``)."""
     from confluent_kafka.admin import NewTopic
@@ -386,8 +417,8 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
         assert producer.flush(30) == 0
 
     table_id = "6c0e7a10-0000-4000-8000-0000000000c1"
-    catalog = SchemaCatalog.shared(broker.bootstrap_servers, topic)
-    assert SchemaCatalog.shared(broker.bootstrap_servers, topic) is catalog
+    catalog = SchemaCatalog.shared(broker.bootstrap_servers, (topic,))
+    assert SchemaCatalog.shared(broker.bootstrap_servers, (topic,)) is catalog
     assert catalog.refresh() is False  # nothing published yet
     publish(f"CREATE TABLE ks.t (id int PRIMARY KEY, a text) WITH ID = {table_id} AND cdc = true;")
     found = catalog.table(uuid.UUID(table_id))
@@ -400,6 +431,39 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
     assert catalog.table(uuid.UUID(table_id).bytes) == (table, version)  # as records carry the id
     catalog.close()
     producer.close()
+
+
+def test_the_catalog_reads_the_schemas_an_earlier_version_published_on_the_server_topic(real_kafka, caplog):
+    """Versions before published the table schemas on ``<server>``: after an upgrade the catalog reads them
+    there first, then ``<server>.table-schemas``, whose definitions replace them; records on ``<server>`` that
+    are not table schemas (Debezium's schema changes) are skipped without an error."""
+    server = "upgraded"
+    old, new = schema_topics(server)
+    assert (old, new) == (server, f"{server}.table-schemas")
+    ids = {"kept": "6c0e7a10-0000-4000-8000-0000000000d1", "altered": "6c0e7a10-0000-4000-8000-0000000000d2"}
+    with Producer({"bootstrap.servers": real_kafka.bootstrap_servers, "acks": "all"}) as producer:
+        def publish(topic: str, name: str, columns: str) -> None:
+            cql = (f"CREATE TABLE ks.{name} (id int PRIMARY KEY{columns}) WITH ID = {ids[name]} "
+                   "AND cdc = true;")
+            record = SchemaRecord.of(parse_schema(cql).table("ks", name), "node1")
+            producer.produce(topic, record.encode(), record.key)
+
+        publish(old, "kept", ", a text")
+        publish(old, "altered", ", a text")
+        producer.produce(old, json.dumps({"schema": {"type": "struct"}, "payload": {"ddl": "x"}}).encode(),
+                         b'{"payload":{"databaseName":"ks"}}')
+        publish(new, "altered", ", a text, b int")
+        assert producer.flush(30) == 0
+    catalog = SchemaCatalog(real_kafka.bootstrap_servers, (old, new))
+    try:
+        with caplog.at_level("ERROR", logger="cassandra_cdc"):
+            assert catalog.refresh() is True
+        assert [[c.name for c in catalog.table(uuid.UUID(ids[name]))[0].columns] for name in ids] == [
+            ["id", "a"], ["id", "a", "b"]]
+        assert caplog.records == []
+        assert catalog.refresh() is False
+    finally:
+        catalog.close()
 
 
 def test_at_least_once_task_sink_creates_topics_and_writes_replays_again(broker):

@@ -44,6 +44,7 @@ from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, record_
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 
 SERVER = "processor"
+SCHEMA_TOPIC = f"{SERVER}.table-schemas"
 SCHEMA = parse_schema("""CREATE TABLE app.users (id int PRIMARY KEY, name text, age int)
     WITH ID = 7d0e7a10-0000-4000-8000-00000000000c AND cdc = true;""")
 NOW = time.time_ns() // 1000
@@ -215,10 +216,10 @@ def started_processor(broker: Any, monkeypatch: Any, tables: list[Any], fmt: str
     with Producer({"bootstrap.servers": broker.bootstrap_servers}) as producer:
         for table in tables:
             record = SchemaRecord.of(table, "node1")
-            producer.produce(SERVER, record.encode(), record.key)
+            producer.produce(SCHEMA_TOPIC, record.encode(), record.key)
     query = uuid.uuid4().hex  # each test writes as a query of its own: its markers are its own
     sink = SinkSettings(broker.bootstrap_servers, f"{SERVER}.commits", f"test-{query}", topic_partitions=1)
-    processor_settings = ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, SERVER,
+    processor_settings = ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, (SCHEMA_TOPIC,),
                                            f"{SERVER}.errors", format=fmt, sink=sink,
                                            **settings)  # type: ignore[arg-type]
     processor = ChangeProcessor(processor_settings)
@@ -483,7 +484,7 @@ def test_a_table_without_a_definition_costs_one_schema_read_per_batch(processor:
     assert len(reads) == 2  # at the batch's start, and once for the run of records: not once per record
     record = SchemaRecord.of(late.table("app", "late"), "node1")
     with Producer({"bootstrap.servers": broker.bootstrap_servers}) as producer:
-        producer.produce(SERVER, record.encode(), record.key)
+        producer.produce(SCHEMA_TOPIC, record.encode(), record.key)
     assert topics() == [f"{SERVER}.app.late"] * 3  # the next micro-batch
 
 

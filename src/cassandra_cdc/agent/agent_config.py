@@ -88,7 +88,8 @@ PRODUCER_GUARANTEES = frozenset({"enable.idempotence", "enable.gapless.guarantee
 
 class KafkaSettings(KafkaConnection, _Section):
     raw_topic: str | None = Field(None, description="Raw change topic. Default: <server>.raw")
-    schema_topic: str | None = Field(None, description="Compacted table schema topic. Default: <server>")
+    schema_topic: str | None = Field(None, description="Compacted table schema topic. "
+                                                       "Default: <server>.table-schemas")
     errors_topic: str | None = Field(None, description="Dead-letter topic. Default: <server>.errors")
     raw_topic_partitions: int = Field(RAW_TOPIC_PARTITIONS, ge=1, description="Partitions of the raw topic when the agent creates it.")
     producer: dict[str, Any] = Field(default_factory=dict,

@@ -194,12 +194,13 @@ def resolve_table(config: PipelineConfig, table_name: str,
     keyspace, dot, name = table_name.partition(".")
     if not dot or not keyspace or not name:
         raise BootstrapError(f"--table {table_name!r}: expected KEYSPACE.TABLE")
-    catalog = SchemaCatalog(config.kafka.bootstrap_servers, config.schema_topic,
+    catalog = SchemaCatalog(config.kafka.bootstrap_servers, config.schema_topics_read,
                             config.kafka.librdkafka(config.kafka.consumer))
     try:
         catalog.refresh()
     except KafkaException as error:
-        raise BootstrapError(f"cannot read the schema topic {config.schema_topic}: {error}") from None
+        raise BootstrapError(f"cannot read the schema topics {', '.join(config.schema_topics_read)}: {error}"
+                             ) from None
     topic_table = catalog.schema.table(keyspace, name)
     if schema_file is None:
         if topic_table is None:

@@ -13,6 +13,7 @@ import typer
 from pydantic import BaseModel, ConfigDict
 
 from ..kafka.security import KafkaConnection
+from ..kafka.topic_names import schema_topics
 
 AVRO_CONTAINER_MAGIC = b"Obj\x01"
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
@@ -48,7 +49,8 @@ def tail(
                                                 "TOPIC ends with .raw).")] = None,
     schema: Annotated[list[Path], typer.Option("--schema", "-s", help="CQL schema file to decode raw records with "
                                                "(default: the schema topic).")] = [],
-    schema_topic: Annotated[Optional[str], typer.Option(help="Schema topic for raw records (default: TOPIC "
+    schema_topic: Annotated[Optional[str], typer.Option(help="Schema topic for raw records (default: SERVER, "
+                                                        "then SERVER.table-schemas, with SERVER TOPIC "
                                                         "without .raw).")] = None,
 ) -> None:
     """Print the records of a topic, one readable line each.
@@ -74,7 +76,8 @@ def tail(
         raise typer.Exit(2) from None
     client = kafka.librdkafka()
     decode_raw = topic.endswith(".raw") if raw is None else raw
-    printer = _RawPrinter(client, schema, schema_topic or topic.removesuffix(".raw")) if decode_raw else None
+    printer = (_RawPrinter(client, schema, schema_topics(topic.removesuffix(".raw"), schema_topic))
+               if decode_raw else None)
     login = LoginCheck()
     consumer = Consumer({**client, **login.settings(), "group.id": f"cassandra-cdc-tail-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
@@ -166,7 +169,8 @@ def _avro_container(value: bytes) -> Any:
 class _RawPrinter:
     """Raw change records: a header line, then the partition update as ``dump`` prints it."""
 
-    def __init__(self, client: dict[str, Any], schema_files: list[Path], schema_topic: str) -> None:
+    def __init__(self, client: dict[str, Any], schema_files: list[Path],
+                 schema_topics: tuple[str, ...]) -> None:
         from ..schema import SchemaError, load_schema_files
 
         self.catalog = None
@@ -180,7 +184,7 @@ class _RawPrinter:
         else:
             from ..kafka.schema_catalog import SchemaCatalog
 
-            self.catalog = SchemaCatalog(client["bootstrap.servers"], schema_topic, client)
+            self.catalog = SchemaCatalog(client["bootstrap.servers"], schema_topics, client)
 
     def _table(self, table_id: uuid.UUID) -> Any:
         if self.schema is not None:

@@ -1,5 +1,9 @@
 """Table schemas as the agents publish them on the schema topic, read wherever records are decoded.
 
+The catalog reads one or more topics, in order (by default the schema topic of versions before it,
+``<server>``, then ``<server>.table-schemas``, ``topic_names.schema_topics``): a later definition of a
+table replaces an earlier one, and records that are not schema records are skipped.
+
 The pipeline never connects to Cassandra: a raw record names its table by id, and the schema topic
 maps ids to definitions. The catalog reads the (compacted, small) topic to its end once, then only
 what was added since, each time it is refreshed: when a record names a table it does not know or a
@@ -31,23 +35,25 @@ TIMEOUT_SECONDS = 10.0
 class SchemaCatalog:
     _shared: ClassVar[dict[str, "SchemaCatalog"]] = {}
 
-    def __init__(self, bootstrap_servers: str, topic: str, consumer: dict[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap_servers: str, topics: tuple[str, ...],
+                 consumer: dict[str, Any] | None = None) -> None:
         self._settings = {"bootstrap.servers": bootstrap_servers, "group.id": "cassandra-cdc-schema-reader",
                           "enable.auto.commit": False, "enable.auto.offset.store": False,
                           "enable.partition.eof": True, "isolation.level": "read_committed", **(consumer or {})}
-        self.topic = topic
+        self.topics = topics
         self.schema = Schema()
         self._versions: dict[uuid.UUID, str] = {}
         self._consumer: Consumer | None = None
-        self._next: dict[int, int] = {}  # partition -> next offset to read
+        self._next: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
 
     @classmethod
-    def shared(cls, bootstrap_servers: str, topic: str, consumer: dict[str, Any] | None = None) -> "SchemaCatalog":
+    def shared(cls, bootstrap_servers: str, topics: tuple[str, ...],
+               consumer: dict[str, Any] | None = None) -> "SchemaCatalog":
         """The catalog of this process for these settings, created on first use."""
-        identity = json.dumps([bootstrap_servers, topic, consumer or {}], sort_keys=True, default=str)
+        identity = json.dumps([bootstrap_servers, topics, consumer or {}], sort_keys=True, default=str)
         catalog = cls._shared.get(identity)
         if catalog is None:
-            catalog = cls._shared[identity] = cls(bootstrap_servers, topic, consumer)
+            catalog = cls._shared[identity] = cls(bootstrap_servers, topics, consumer)
         return catalog
 
     @classmethod
@@ -72,39 +78,44 @@ class SchemaCatalog:
         return self.schema.table_by_id(table_id)
 
     def refresh(self) -> bool:
-        """Read what was added to the topic since the last refresh; return whether anything was."""
+        """Read what was added to the topics since the last refresh; return whether anything was."""
         consumer = self._consumer
         if consumer is None:
             consumer = self._consumer = Consumer(self._settings)
-        metadata = consumer.list_topics(self.topic, timeout=TIMEOUT_SECONDS).topics.get(self.topic)
+        added = [self._read_topic(consumer, topic) for topic in self.topics]
+        return any(added)
+
+    def _read_topic(self, consumer: Consumer, topic: str) -> bool:
+        metadata = consumer.list_topics(topic, timeout=TIMEOUT_SECONDS).topics.get(topic)
         if metadata is None or metadata.error is not None:
             if metadata is not None and metadata.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
                 raise KafkaException(metadata.error)
-            return False  # no agent has published a schema yet
+            return False  # no agent has published a schema there yet
         ends = {}
         for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
                                                        timeout=TIMEOUT_SECONDS, cached=False)
-            start = max(self._next.get(partition, 0), low)
+            start = max(self._next.get((topic, partition), 0), low)
             if high > start:
                 ends[partition] = high
-                self._next[partition] = start
+                self._next[topic, partition] = start
         if not ends:
             return False
-        consumer.assign([TopicPartition(self.topic, partition, self._next[partition]) for partition in ends])
+        consumer.assign([TopicPartition(topic, partition, self._next[topic, partition])
+                         for partition in ends])
         try:
             while ends:
                 for message in consume_available(consumer, 1000):
                     partition, error = message.partition(), message.error()
-                    if partition not in ends:
+                    if message.topic() != topic or partition not in ends:
                         continue
                     if error is None:
                         self._add(message.value())
-                        self._next[partition] = message.offset() + 1
+                        self._next[topic, partition] = message.offset() + 1
                     elif error.code() != KafkaError._PARTITION_EOF:
                         continue  # librdkafka retries by itself
                     # The end can be a compacted-away record or a transaction marker: EOF ends it too.
-                    if error is not None or self._next[partition] >= ends[partition]:
+                    if error is not None or self._next[topic, partition] >= ends[partition]:
                         del ends[partition]
         finally:
             consumer.unassign()
@@ -118,6 +129,8 @@ class SchemaCatalog:
     def _add(self, value: bytes | None) -> None:
         if not value:
             return
+        if not SchemaRecord.looks_like_one(value):
+            return  # another kind of record on a topic read for the older records (Debezium's schema changes)
         try:
             record = SchemaRecord.decode(value)
             table = record.table_metadata()

@@ -1,4 +1,4 @@
-"""Table schema records on the compacted schema topic (default ``<server>``).
+"""Table schema records on the compacted schema topic (default ``<server>.table-schemas``).
 
 Key: ``<keyspace>.<table>`` (UTF-8). Value (JSON)::
 
@@ -45,6 +45,15 @@ class SchemaRecord:
     @staticmethod
     def decode(value: bytes) -> "SchemaRecord":
         return SchemaRecord(**json.loads(value))
+
+    @staticmethod
+    def looks_like_one(value: bytes) -> bool:
+        """Whether ``value`` is meant as a schema record (a JSON object with ``cql``), readable or not."""
+        try:
+            fields = json.loads(value)
+        except ValueError:
+            return False
+        return isinstance(fields, dict) and "cql" in fields
 
     def table_metadata(self) -> TableMetadata:
         schema = parse_schema(self.cql, source=f"schema record {self.keyspace}.{self.table}")

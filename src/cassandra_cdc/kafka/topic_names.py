@@ -18,11 +18,33 @@ class ServerTopics:
 
     @property
     def schema_topic(self) -> str:
-        return self.kafka.schema_topic or self.server
+        """Where the agents and the bootstrap publish table schemas."""
+        return self.kafka.schema_topic or default_schema_topic(self.server)
+
+    @property
+    def schema_topics_read(self) -> tuple[str, ...]:
+        """Where table schemas are read from, in this order (see ``schema_topics``)."""
+        return schema_topics(self.server, self.kafka.schema_topic)
 
     @property
     def errors_topic(self) -> str:
         return self.kafka.errors_topic or f"{self.server}.errors"
+
+
+# The last part of the default schema topic's name: with a hyphen, which no keyspace or table name has, so
+# that it is never the topic of a table's events (``<server>.<keyspace>.<table>``) of any server.
+SCHEMA_TOPIC_SUFFIX = "table-schemas"
+
+
+def default_schema_topic(server: str) -> str:
+    return f"{server}.{SCHEMA_TOPIC_SUFFIX}"
+
+
+def schema_topics(server: str, configured: str | None = None) -> tuple[str, ...]:
+    """The topics table schemas are read from, older first: the configured one; by default
+    ``<server>.table-schemas`` after ``<server>``, where versions before it published them (``<server>``
+    is the name of Debezium's schema change topic; the catalog skips records that are not table schemas)."""
+    return (configured,) if configured else (server, default_schema_topic(server))
 
 
 def event_topic(server: str, qualified_table: str) -> str:
@@ -30,4 +52,4 @@ def event_topic(server: str, qualified_table: str) -> str:
     return f"{server}.{qualified_table}"
 
 
-__all__ = ["RAW_TOPIC_PARTITIONS", "ServerTopics", "event_topic"]
+__all__ = ["RAW_TOPIC_PARTITIONS", "ServerTopics", "default_schema_topic", "event_topic", "schema_topics"]

@@ -102,7 +102,7 @@ class ProcessorSettings:
     server: str
     cluster: str
     bootstrap_servers: str
-    schema_topic: str
+    schema_topics: tuple[str, ...]
     errors_topic: str
     format: Format = "json"
     schema_registry: tuple[tuple[str, Any], ...] = ()  # the registry client's settings; none: no registry
@@ -128,7 +128,7 @@ class ChangeProcessor(StatefulProcessor):
         # stored so is read from it, and paged as it is written again.
         self.index = handle.getValueState("partitions", _STATE_SCHEMA)
         self.pages = handle.getMapState("pages", _PAGE_KEY_SCHEMA, _STATE_SCHEMA)
-        self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topic,
+        self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topics,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
         self._refreshed_for: set[bytes] = set()  # ids of tables the catalog was read again for, this batch
@@ -332,8 +332,8 @@ class ChangeProcessor(StatefulProcessor):
         raise _Undecodable("unknown_table", self._no_schema(table_id))
 
     def _no_schema(self, table_id: bytes) -> str:
-        return (f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topic "
-                f"{self.settings.schema_topic}")
+        return (f"no schema for table id {uuid.UUID(bytes=table_id)} on the schema topics "
+                f"{', '.join(self.settings.schema_topics)}")
 
     def _emit(self, table: TableMetadata, version: str, changes: list[RowChange], source: Source, snapshot: bool,
               now_ms: int, written_us: int | None = None) -> None:

@@ -46,9 +46,18 @@ What it relies on:
 - Values computed at write time differ between attempts. An event's ``ts_ms`` (the time the job built
   it) is that of the attempt that committed. Deduplicate on the event's source position, never on
   ``ts_ms``.
-- ``query_name`` names one checkpoint: markers also carry the streaming query's id (kept in the
-  checkpoint), and markers of another query id are ignored, so a new checkpoint under the same name
-  writes from batch 0 again (with the duplicates any reprocessing implies) instead of skipping batches.
+- ``query_name`` names one pipeline: two queries that write at the same time under one name fence each
+  other's transactional ids (the pipeline names its query after its ``server``). Markers also carry the
+  streaming query's id (kept in the checkpoint), and markers of another query id are ignored, so a new
+  checkpoint under the same name writes from batch 0 again (with the duplicates any reprocessing
+  implies) instead of skipping batches.
+- ``earlier_query_names``: the names a checkpoint's earlier runs wrote under (an earlier version of the
+  pipeline named every query ``cassandra-cdc``). Their markers of the same query id count as the
+  partition's own, so a restart on such a checkpoint skips what those runs committed. The first time a
+  process finds such a marker and none under the current name, it registers the earlier transactional
+  id once before reading the markers again: an attempt of the earlier run still committing is fenced,
+  as with the current id. (That also fences, once, a pipeline of the earlier version still running
+  under that id elsewhere: its task fails and Spark retries it.)
 - The whole task must be written within ``transaction.timeout.ms`` (60 s by default here); bound the
   batch size (``maxOffsetsPerTrigger``) accordingly.
 - Plain Kafka protocol only (transactions since Kafka 0.11, KIP-98). The commit topic is created
@@ -103,6 +112,7 @@ class SinkSettings:
     bootstrap_servers: str
     commit_topic: str
     query_name: str = "cassandra-cdc"
+    earlier_query_names: tuple[str, ...] = ()
     exactly_once: bool = True
     producer: tuple[tuple[str, Any], ...] = ()  # extra librdkafka settings, as pairs: the settings are hashable
     topic_partitions: int | None = None
@@ -214,6 +224,7 @@ class TransactionalTaskSink(TaskSink):
     def __init__(self, settings: SinkSettings, task: MicroBatchTask) -> None:
         super().__init__(settings, task)
         self.key = f"{settings.query_name}-{task.partition}"
+        self.earlier_keys = tuple(f"{name}-{task.partition}" for name in settings.earlier_query_names)
         self._transaction: TransactionalProducer | None = None
 
     def _producer(self) -> Producer | None:
@@ -230,13 +241,15 @@ class TransactionalTaskSink(TaskSink):
             ensure_topic(settings.admin_settings(), settings.commit_topic, partitions=1, compacted=True)
             _EXISTING_TOPICS.add(settings.commit_topic)
         commits = BatchCommitLog.of(settings.admin_settings(), settings.commit_topic)
+        self._fence_earlier_ids(commits)
         # Committed before a crash: skip without registering the id, which would fence the producer
         # another worker keeps for it.
-        committed = commits.last_batch(self.key, task.query_id)
+        committed = commits.last_batch(self.key, task.query_id, self.earlier_keys)
         if not _at_or_after(committed, task.batch_id):
             producer_settings = settings.producer_settings(**{"transactional.id": self.key,
                                                               "enable.idempotence": True, "acks": "all"})
-            transaction = TransactionalProducer.of(producer_settings, task.query_id, committed, commits)
+            transaction = TransactionalProducer.of(producer_settings, task.query_id, committed, commits,
+                                                   self.earlier_keys)
             if not _at_or_after(transaction.last_committed, task.batch_id):
                 transaction.begin()
                 self._transaction = transaction
@@ -244,6 +257,24 @@ class TransactionalTaskSink(TaskSink):
         self.skipped = True
         log.info("batch %d: partition %d was already committed to Kafka; not written again", task.batch_id,
                  task.partition)
+
+    def _fence_earlier_ids(self, commits: "BatchCommitLog") -> None:
+        """Register, once per process, each earlier transactional id this query committed under while
+        nothing is committed under the current one yet (see the module doc)."""
+        query_id = self.task.query_id
+        if commits.last_batch(self.key, query_id) is not None:
+            return
+        for earlier in self.earlier_keys:
+            if earlier in _FENCED_EARLIER_IDS or commits.last_batch(earlier, query_id) is None:
+                continue
+            fencing = Producer(self.settings.producer_settings(**{"transactional.id": earlier}))
+            try:
+                fencing.init_transactions(TIMEOUT)
+            finally:
+                fencing.close()
+            _FENCED_EARLIER_IDS.add(earlier)
+            log.info("registered the transactional id %s of an earlier run of this query, now %s", earlier,
+                     self.key)
 
     def commit(self) -> None:
         transaction = self._transaction
@@ -283,6 +314,10 @@ def _at_or_after(committed: int | None, batch_id: int) -> bool:
     return committed is not None and committed >= batch_id
 
 
+# Transactional ids of earlier runs this process registered (``earlier_query_names``).
+_FENCED_EARLIER_IDS: set[str] = set()
+
+
 class TransactionalProducer:
     """The producer of one transactional id, kept by a Python worker process across micro-batches.
 
@@ -302,9 +337,9 @@ class TransactionalProducer:
 
     @classmethod
     def of(cls, settings: dict[str, Any], query_id: str | None, committed: int | None,
-           commits: "BatchCommitLog") -> "TransactionalProducer":
+           commits: "BatchCommitLog", earlier_keys: tuple[str, ...] = ()) -> "TransactionalProducer":
         """This process's registered producer for ``settings["transactional.id"]``, given the last batch
-        ``committed`` under that id (the commit topic's last marker)."""
+        ``committed`` under that id or ``earlier_keys`` (the commit topic's last marker)."""
         identity = (json.dumps(settings, sort_keys=True, default=str), query_id)
         kept = cls._instances.get(identity)
         if kept is not None and kept.last_committed == committed and not kept.in_transaction:
@@ -313,7 +348,7 @@ class TransactionalProducer:
             kept.abort()
         producer = cls._instances[identity] = cls(settings, identity)
         # Read the markers only now that older attempts are fenced: none can commit behind our back.
-        producer.last_committed = commits.last_batch(producer.key, query_id)
+        producer.last_committed = commits.last_batch(producer.key, query_id, earlier_keys)
         return producer
 
     @classmethod
@@ -391,15 +426,17 @@ class BatchCommitLog:
         self._positions: dict[int, int] = {}
         self._last: dict[tuple[str, str | None], int] = {}
 
-    def last_batch(self, key: str, query_id: str | None) -> int | None:
+    def last_batch(self, key: str, query_id: str | None, earlier_keys: tuple[str, ...] = ()) -> int | None:
+        """The last batch of ``query_id`` committed under ``key`` or any of ``earlier_keys``."""
         self._catch_up()
-        return self._last.get((key, query_id))
+        batches = [self._last.get((name, query_id)) for name in (key, *earlier_keys)]
+        return max((batch for batch in batches if batch is not None), default=None)
 
-    def partitions_committed(self, query_name: str) -> int:
-        """How many state partitions of streaming queries named ``query_name`` committed a batch here,
-        under any query id (any checkpoint)."""
+    def partitions_committed(self, query_names: tuple[str, ...]) -> int:
+        """How many state partitions of streaming queries named any of ``query_names`` committed a batch
+        here, under any query id (any checkpoint)."""
         self._catch_up()
-        return len({key for key, _ in self._last if key.rpartition("-")[0] == query_name})
+        return len({key for key, _ in self._last if key.rpartition("-")[0] in query_names})
 
     def close(self) -> None:
         self._consumer.close()
@@ -495,12 +532,13 @@ class AtLeastOnceTaskSink(TaskSink):
 
 
 def partitions_committed(settings: SinkSettings) -> int:
-    """How many state partitions of the query ``settings.query_name`` committed output transactions to
-    Kafka, as their markers in the commit topic say (0 when it does not exist)."""
+    """How many state partitions of the query ``settings.query_name`` (or its earlier names) committed
+    output transactions to Kafka, as their markers in the commit topic say (0 when it does not exist)."""
     admin = settings.admin_settings()
     if settings.commit_topic not in AdminClient(admin).list_topics(timeout=TIMEOUT).topics:
         return 0
-    return BatchCommitLog.of(admin, settings.commit_topic).partitions_committed(settings.query_name)
+    return BatchCommitLog.of(admin, settings.commit_topic).partitions_committed(
+        (settings.query_name, *settings.earlier_query_names))
 
 
 def close_sink_clients() -> None:

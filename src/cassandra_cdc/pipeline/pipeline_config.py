@@ -21,7 +21,8 @@ class _Section(BaseModel):
 
 class KafkaSettings(KafkaConnection, _Section):
     raw_topic: str | None = Field(None, description="Raw change topic the agents publish to. Default: <server>.raw")
-    schema_topic: str | None = Field(None, description="Table schema topic. Default: <server>")
+    schema_topic: str | None = Field(None, description="Table schema topic. Default: <server>.table-schemas, "
+                                                       "read after <server> (earlier versions' schema topic)")
     errors_topic: str | None = Field(None, description="Undecodable records go here. Default: <server>.errors")
     commit_topic: str | None = Field(None, description="Compacted topic of committed micro-batches (exactly-once "
                                                        "output). Default: <server>.pipeline-commits")

@@ -35,7 +35,16 @@ from .spark_session import kafka_format_available, session_master, spark_session
 
 log = logging.getLogger(__name__)
 
-QUERY_NAME = "cassandra-cdc"
+APP_NAME = "cassandra-cdc"
+# What versions before the query was named after its server named every query (hence its transactional ids
+# and commit markers, event_sink.py): a checkpoint they wrote is read with it.
+EARLIER_QUERY_NAME = APP_NAME
+
+
+def query_name(server: str) -> str:
+    """The streaming query's name, which names its Kafka transactional ids: one per server, so that the
+    pipelines of two servers never fence each other on one Kafka cluster."""
+    return f"{APP_NAME}.{server}"
 
 
 # Raw topic partitions the job can group by; the agents' default is 12.
@@ -80,7 +89,8 @@ def change_events(spark: SparkSession, config: PipelineConfig,
     sink = sink_settings(config)
     settings = ProcessorSettings(
         server=config.server, cluster=config.cluster_name, bootstrap_servers=kafka.bootstrap_servers,
-        schema_topic=config.schema_topic, errors_topic=config.errors_topic, format=config.output.format,
+        schema_topics=config.schema_topics_read, errors_topic=config.errors_topic,
+        format=config.output.format,
         schema_registry=tuple(sorted(config.output.registry_client_settings().items())),
         tombstones=config.output.tombstones, type_modes=config.output.type_modes,
         static_only_rows=config.output.static_only_rows,
@@ -95,7 +105,8 @@ def change_events(spark: SparkSession, config: PipelineConfig,
 
 def sink_settings(config: PipelineConfig) -> SinkSettings:
     kafka = config.kafka
-    return SinkSettings(kafka.bootstrap_servers, config.commit_topic, QUERY_NAME, config.output.exactly_once,
+    return SinkSettings(kafka.bootstrap_servers, config.commit_topic, query_name(config.server),
+                        (EARLIER_QUERY_NAME,), config.output.exactly_once,
                         tuple(sorted(kafka.librdkafka(kafka.producer).items())),
                         kafka.events_topic_partitions, config.output.compacted_topics, (config.errors_topic,))
 
@@ -252,7 +263,7 @@ def start(spark: SparkSession, config: PipelineConfig,
           tally: Accumulator[PipelineTally] | None = None) -> StreamingQuery:
     check_checkpoint(config, spark)
     query = (change_events(spark, config, tally).writeStream
-             .queryName(QUERY_NAME)
+             .queryName(query_name(config.server))
              .format("noop")
              .outputMode("update")
              .option("checkpointLocation", config.checkpoint)
@@ -270,7 +281,7 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
     (a task or the driver that could not reach the brokers, at any step of a micro-batch), the pipeline
     waits until Kafka answers, then starts the query again from its checkpoint, which replays the batch
     that failed (its output is committed once: event_sink.py)."""
-    spark = spark_session(session_master(config.spark.master), QUERY_NAME, config.spark.shuffle_partitions,
+    spark = spark_session(session_master(config.spark.master), APP_NAME, config.spark.shuffle_partitions,
                           config.spark.conf)
     metrics = PipelineMetrics(spark, config)
     server = serve_metrics(config.metrics.host, config.metrics.port, metrics.registry, metrics.not_ready)
