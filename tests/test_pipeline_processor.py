@@ -390,20 +390,28 @@ def test_a_batch_reads_and_writes_only_the_pages_of_the_partitions_it_touches(pr
     assert handle.values[(0,)].value is None  # no timer, no expiry: no index to write
 
 
-def test_pages_read_beyond_the_memory_bound_are_written_back_and_read_again(processor: Any,
-                                                                            monkeypatch: Any) -> None:
+def test_a_batch_whose_keys_alternate_between_pages_reads_and_writes_each_page_once(
+        processor: Any, monkeypatch: Any) -> None:
+    """Pages read beyond the memory bound are written back; merged in the order of their pages, a batch's
+    records never need one written back again, however the keys of its records alternate."""
     owner, handle = processor
     monkeypatch.setattr(change_processor, "PAGES_IN_MEMORY_BYTES", 1)  # one page read at a time
-    ann, bob = (Insert("app.users", {"id": key, "name": name, "age": 1}, timestamp=NOW)
-                for key, name in ((1, "ann"), (2, "bob")))
-    run_batch(*processor, copies(ann) + copies(bob))
+    keys = (1, 2, 4, 5)  # one page each of the 256
+    run_batch(*processor, [copy for key in keys for copy in copies(
+        Insert("app.users", {"id": key, "name": f"user{key}", "age": 1}, timestamp=NOW))])
     updates = [Update("app.users", {"id": key}, {"age": age}, timestamp=NOW + age)
-               for age in (2, 3) for key in (1, 2)]
-    handle.maps[(0,)].calls = 0
+               for age in (2, 3, 4) for key in keys]
+    pages = handle.maps[(0,)]
+    pages.calls = 0
     events = run_batch(*processor, [copy for update in updates for copy in copies(update)])
-    assert [(e["after"]["id"], e["before"]["age"], e["after"]["age"]) for e in events] == [
-        (1, 1, 2), (2, 1, 2), (1, 2, 3), (2, 2, 3)]
-    assert handle.maps[(0,)].calls > 4  # pages went back and forth
+    assert pages.calls == 2 * len(keys)  # each page read once and written once
+    assert sorted((e["after"]["id"], e["before"]["age"], e["after"]["age"]) for e in events) == [
+        (key, age - 1, age) for key in keys for age in (2, 3, 4)]
+    assert [(e["before"]["age"], e["after"]["age"]) for e in events if e["after"]["id"] == 1] == [
+        (1, 2), (2, 3), (3, 4)]  # each key's records in their order
+    events = run_batch(*processor, [copy for key in keys for copy in copies(
+        Update("app.users", {"id": key}, {"age": 5}, timestamp=NOW + 5))])
+    assert sorted((e["after"]["id"], e["before"]["age"]) for e in events) == [(key, 4) for key in keys]
 
 
 def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carry(broker: Any, spark: Any,
@@ -545,7 +553,9 @@ def test_random_update_bytes_under_a_valid_header_are_dead_lettered_never_merged
     change_processor.next_batch()  # type: ignore[attr-defined]
     assert {topic for topic, _ in written} <= {f"{SERVER}.errors"}
     errors = [json.loads(value) for _, value in written]  # type: ignore[arg-type]
-    assert [base64.b64decode(error["value"]) for error in errors] == [value for _, value in records]
+    # Each record once; records of different keys in any order (merged in the order of their pages).
+    dead_letters = [base64.b64decode(error["value"]) for error in errors]
+    assert sorted(dead_letters) == sorted(value for _, value in records)
     assert all(error["reason"] for error in errors)
     assert not any(state.exists() for state in handle.values.values())
 
@@ -587,6 +597,7 @@ def test_rows_naming_offset_ranges_are_read_from_the_raw_topic(processor: Any, b
     broker.create_topic(raw, 2)
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
     writes = [Insert("app.users", {"id": i, "name": f"u{i}", "age": i}, timestamp=NOW) for i in range(4)]
+    writes.append(Update("app.users", {"id": 0}, {"age": 10}, timestamp=NOW + 1))  # merged after its insert
     for op in writes:
         for key, value in copies(op):
             producer.produce(raw, value, key, partition=1)
@@ -596,10 +607,13 @@ def test_rows_naming_offset_ranges_are_read_from_the_raw_topic(processor: Any, b
     change_processor.settings = dataclasses.replace(change_processor.settings, ranges=SourceOptions.parse(
         {"kafka.bootstrap.servers": broker.bootstrap_servers, "subscribe": raw, "emit": "offsetRanges"}))
     # Two ranges of one partition, as two micro-batches would name them, given in one call out of order.
-    frame = pd.DataFrame({"topic": [raw, raw], "partition": [1, 1], "startOffset": [6, 0], "endOffset": [13, 6]})
+    frame = pd.DataFrame({"topic": [raw, raw], "partition": [1, 1], "startOffset": [6, 0],
+                          "endOffset": [16, 6]})
     handle.current = (1,)
     events = run_task(change_processor, lambda: list(change_processor.handleInputRows((1,), iter([frame]), _Clock())))
-    assert [(e["op"], e["after"]["id"]) for e in events] == [("c", i) for i in range(4)]
+    # Each key's events in the order of its records' offsets (different keys' in any order).
+    assert sorted(((e["op"], e["after"]["id"], e["after"]["age"]) for e in events), key=lambda e: e[1]) == [
+        ("c", 0, 0), ("u", 0, 10), ("c", 1, 1), ("c", 2, 2), ("c", 3, 3)]
     [error] = change_processor.events.read(f"{SERVER}.errors")
     assert json.loads(error)["value"] == base64.b64encode(b"not a raw record").decode()
 
@@ -642,7 +656,8 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
     change_processor._decode = decode  # type: ignore[method-assign]
     handle.values, handle.maps, handle.timers = before
     events = run_batch(*processor, two)
-    assert [(e["op"], e["after"]["id"], e["after"]["age"]) for e in events] == [("u", 1, 40), ("c", 2, 5)]
+    assert sorted((e["op"], e["after"]["id"], e["after"]["age"]) for e in events) == [
+        ("c", 2, 5), ("u", 1, 40)]
 
 
 def truncation_copies(at_ms: int, table: Any = SCHEMA.table("app", "users"),
@@ -781,3 +796,63 @@ def test_avro_truncation_events_carry_no_rows(broker: Any, spark: Any, monkeypat
     finally:
         owner.close()
         owner.events.close()  # type: ignore[attr-defined]
+
+
+# A step of one raw partition's records: a write of a key (its kind, its time in seconds after NOW, how many
+# replicas' copies arrive) or a TRUNCATE (its time in seconds after NOW, how many nodes' copies arrive):
+# writes and truncations a minute or more apart, so that some writes are deleted by a truncation, some
+# not, and some truncations are another one, some a node's copy of the last one.
+WRITE_STEPS = st.tuples(st.just("write"), st.integers(1, 8), st.sampled_from(("insert", "update", "delete")),
+                        st.integers(0, 300), st.integers(1, 3))
+TRUNCATE_STEPS = st.tuples(st.just("truncate"), st.just(0), st.just(""), st.integers(0, 300),
+                           st.integers(1, 3))
+
+
+def step_records(steps: list[tuple[str, int, str, int, int]]) -> list[tuple[bytes, bytes]]:
+    nodes = ("node1", "node22", "node333")
+    records = []
+    for number, (kind, key, write, seconds, arriving) in enumerate(steps):
+        if kind == "truncate":
+            records += truncation_copies(NOW // 1000 + seconds * 1000, nodes=nodes[:arriving])
+            continue
+        timestamp = NOW + seconds * 1_000_000
+        values = {"id": key, "name": f"n{number}", "age": number}
+        op = {"insert": Insert("app.users", values, timestamp=timestamp),
+              "update": Update("app.users", {"id": key}, {"age": number}, timestamp=timestamp),
+              "delete": DeleteRow("app.users", {"id": key}, timestamp=timestamp)}[write]
+        records += copies(op, nodes=nodes[:arriving])
+    return records
+
+
+@settings(max_examples=25, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(steps=st.lists(st.one_of(WRITE_STEPS, WRITE_STEPS, WRITE_STEPS, TRUNCATE_STEPS), min_size=1,
+                      max_size=24), data=st.data())
+def test_records_merged_in_page_order_give_each_key_the_events_of_arrival_order(
+        processor: Any, monkeypatch: Any, steps: list[tuple[str, int, str, int, int]], data: Any) -> None:
+    """The same batches of writes and truncations merged by a group of one page (its records in arrival
+    order: they are all on that page) and by a group of four (its records in the order of their pages,
+    within bounds on the pages and records held drawn too): each key has the same events, in the same
+    order, and the same ``t`` events between them."""
+    owner, _ = processor
+    records = step_records(steps)
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(records)), max_size=2), label="batch ends"))
+    batches = [records[start:end] for start, end in zip([0] + cuts, cuts + [len(records)]) if start < end]
+    monkeypatch.setattr(change_processor, "RECORDS_ORDERED_BYTES",
+                        data.draw(st.sampled_from([1, 300, 64 << 20]), label="records ordered bytes"))
+    monkeypatch.setattr(change_processor, "PAGES_IN_MEMORY_BYTES",
+                        data.draw(st.sampled_from([1, 64 << 20]), label="pages in memory bytes"))
+    merged = []
+    for pages in (1, 4):
+        owner.settings = dataclasses.replace(owner.settings, state_pages=pages)
+        handle = _MemoryHandle()
+        owner.init(handle)
+        merged.append([event for batch in batches for event in run_batch(owner, handle, batch)])
+    in_arrival_order, in_page_order = merged
+
+    def of_key(events: list[dict[str, Any]], key: int) -> list[dict[str, Any]]:
+        return [e for e in events if e["op"] == "t" or (e["after"] or e["before"])["id"] == key]
+
+    for key in range(1, 9):
+        assert of_key(in_page_order, key) == of_key(in_arrival_order, key)
+    assert len(in_page_order) == len(in_arrival_order)

@@ -11,7 +11,8 @@ at all: each row names a range of offsets of one raw topic partition (``emit=off
 source.py), and the processor reads the range itself, so that no record is converted to Arrow, shuffled
 or handed between the JVM and Python. With Spark's ``kafka`` format the rows are the records. Either
 way, the grouping key is the raw topic partition (all records of a partition key are in one), and
-records are merged in offset order.
+records are merged in the order of their state pages, each partition key's in offset order
+(``in_page_order``).
 
 The events are written to Kafka by the processor itself, as it makes them, in one transaction per task
 (sink.py) committed in ``close``, after the task's last input and timer and before Spark commits the
@@ -57,7 +58,7 @@ import uuid
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterable, Iterator, Literal
 
 import pandas as pd
 from pyspark import Accumulator
@@ -95,6 +96,9 @@ _PAGE_KEY_SCHEMA = StructType([StructField("page", IntegerType())])
 DEFAULT_STATE_PAGES = 256
 # Bytes of a group's pages a worker keeps read at once; beyond, the least recently used one is written back.
 PAGES_IN_MEMORY_BYTES = 64 << 20
+# Bytes of a group's records a worker holds to merge them in the order of their pages; beyond, those held
+# are merged and the next ones held anew.
+RECORDS_ORDERED_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ class ChangeProcessor(StatefulProcessor):
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         with self._aborted_on_failure(), collector_paused():
             partitions = self._load()
-            for record_key, value in self._records(rows):
+            for record_key, value in in_page_order(self._records(rows), self.settings.state_pages):
                 self._apply(partitions, record_key, value, now_ms)
             self._save(partitions, now_ms)
         return iter(())
@@ -456,6 +460,37 @@ _PAGED = "pages"
 def page_of(partition_key: bytes, pages: int) -> int:
     """The page of a partition key: the same in every process (``hash`` of bytes is salted per process)."""
     return zlib.crc32(partition_key) % pages
+
+
+def in_page_order(records: Iterable[tuple[bytes, bytes]], pages: int) -> Iterator[tuple[bytes, bytes]]:
+    """A group's ``(key, value)`` records, those of each page together, pages in ascending order, so that a
+    batch reads and writes each page once, however many pages its records touch: read in offset order, a
+    group whose pages exceed ``PAGES_IN_MEMORY_BYTES`` would write back and read again a page for most of
+    its records.
+
+    Only the order across partition keys changes (events of different keys have no order): the records of
+    each key keep theirs (the sort is stable, and a key is on one page). A truncation record stays where it
+    was: the records before it are merged before it, those after it after it. At most
+    ``RECORDS_ORDERED_BYTES`` of records are held at once: beyond, the held ones are merged first.
+    """
+    def by_page(record: tuple[bytes, bytes]) -> int:
+        return page_of(record[0], pages)
+
+    held: list[tuple[bytes, bytes]] = []
+    held_bytes = 0
+    for key, value in records:
+        truncation = is_truncation(value)
+        if not truncation:
+            held.append((key, value))
+            held_bytes += len(key) + len(value)
+        if truncation or held_bytes >= RECORDS_ORDERED_BYTES:
+            held.sort(key=by_page)
+            yield from held
+            held, held_bytes = [], 0
+        if truncation:
+            yield key, value
+    held.sort(key=by_page)
+    yield from held
 
 
 def truncation_deletion(truncated_at_ms: int) -> Deletion:
