@@ -96,6 +96,7 @@ def test_session_settings(spark):
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
     assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == WORKER_DAEMON
+    assert spark.sparkContext.master == "local[2,4]"  # task retries, as on a cluster
     assert spark.conf.get("spark.sql.streaming.checkpointFileManagerClass") == FILE_SYSTEM_CHECKPOINT_FILES
     # pip's PySpark ships without Spark's Kafka connector jar, and the tests add none (docs/pipeline.md);
     # the answer must not raise either way.

@@ -26,8 +26,8 @@ def bootstrap(
         "--schema", "-s", help="CQL file defining the table (with user types it uses). Needed only when the "
                                "schema topic does not have the table yet.")] = None,
     master: Annotated[Optional[str], typer.Option(
-        help="Spark master, e.g. local[4] (default: the config's, else local[2]; under spark-submit, "
-             "spark-submit's).")] = None,
+        help="Spark master, e.g. local[4] (default: the config's, else local[2]; a local one retries "
+             "failed tasks, see spark.master; under spark-submit, spark-submit's).")] = None,
     bootstrap_servers: Annotated[Optional[str], typer.Option(help="Kafka bootstrap servers.")] = None,
     server: Annotated[Optional[str], typer.Option(
         help="Logical cluster name the agents use (topic prefix).")] = None,

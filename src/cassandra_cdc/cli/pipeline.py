@@ -19,7 +19,8 @@ def pipeline(
         help="Spark checkpoint directory (offsets and state): a path or a Hadoop URI (hdfs://, s3a://...).",
     )] = None,
     format: Annotated[Optional[str], typer.Option("--format", help="Event format: json or avro.")] = None,
-    master: Annotated[Optional[str], typer.Option(help="Spark master (default local[2]).")] = None,
+    master: Annotated[Optional[str], typer.Option(
+        help="Spark master (default local[2]; a local one retries failed tasks, see spark.master).")] = None,
     duration: Annotated[Optional[float], typer.Option(help="Stop after this many seconds.")] = None,
     metrics_port: Annotated[Optional[int], typer.Option(
         help="Port of the driver's Prometheus metrics, /healthz and /readyz (metrics.port; 0: off).")] = None,

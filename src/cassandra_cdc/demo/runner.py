@@ -298,7 +298,7 @@ class DemoBase:
             "checkpoint": str(self.workdir / "pipeline" / "checkpoint"),
             "kafka": {"bootstrap_servers": self.bootstrap_servers, "max_offsets_per_trigger": 5000,
                       "events_topic_partitions": 3},
-            "spark": {"master": "local[2]", "shuffle_partitions": 2, "trigger_interval": "500 milliseconds"},
+            "spark": {"shuffle_partitions": 2, "trigger_interval": "500 milliseconds"},
         }
 
     def _start_pipeline(self) -> None:

@@ -40,8 +40,10 @@ class KafkaSettings(KafkaConnection, _Section):
 
 
 class SparkSettings(_Section):
-    master: str | None = Field(None, description="Spark master; default local[2]. Ignored under spark-submit, "
-                                                 "which sets its own.")
+    master: str | None = Field(None, description=(
+        "Spark master; default local[2]. A local master retries each failed task as a cluster does: "
+        "local[N] runs as local[N,F], F the spark.task.maxFailures of conf (default 4). Ignored under "
+        "spark-submit, which sets its own."))
     shuffle_partitions: int = Field(2, ge=1, description="State store partitions, i.e. the tasks that merge in "
                                                          "parallel (fixed once a checkpoint exists).")
     state_pages: int = Field(256, ge=1, le=1 << 20,

@@ -18,6 +18,10 @@
 - Python workers fork from ``cassandra_cdc.pipeline.worker_daemon``, which has pandas, pyarrow and the
   pipeline imported already (see that module).
 - Under spark-submit the master is spark-submit's: ``master=None`` leaves it alone.
+- A local master retries a failed task as a cluster does (``local_master_with_retries``): Spark's
+  ``local[N]`` gives each task one attempt and ignores ``spark.task.maxFailures``, so a single lost Python
+  worker (killed, or one that did not connect back in time on a loaded machine) failed the query. The
+  sink and the state store are built for task retries (event_sink.py).
 - Local masters bind to loopback. No UI, warnings-only logs, Arrow for pandas conversions, UTC session
   time zone.
 """
@@ -25,6 +29,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Any
 
@@ -35,6 +40,12 @@ KAFKA_SOURCE_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 FILE_SYSTEM_CHECKPOINT_FILES = \
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 WORKER_DAEMON = "cassandra_cdc.pipeline.worker_daemon"
+DEFAULT_MASTER = "local[2]"
+# Spark's default spark.task.maxFailures, the attempts a cluster gives each task.
+TASK_ATTEMPTS = 4
+TASK_ATTEMPTS_SETTING = "spark.task.maxFailures"
+# The local masters Spark gives a single attempt per task: local, local[N] and local[*].
+_LOCAL_WITHOUT_RETRIES = re.compile(r"local(?:\[\s*(\d+|\*)\s*\])?")
 
 
 def submitted_master() -> bool:
@@ -45,14 +56,28 @@ def submitted_master() -> bool:
 
 def session_master(configured: str | None) -> str | None:
     """The master a job asks for: none under spark-submit (spark-submit's own), else the configured one,
-    ``local[2]`` by default."""
-    return None if submitted_master() else configured or "local[2]"
+    ``DEFAULT_MASTER`` by default."""
+    return None if submitted_master() else configured or DEFAULT_MASTER
 
 
-def spark_session(master: str | None = "local[2]", app_name: str = "cassandra-cdc",
+def local_master_with_retries(master: str, attempts: int) -> str:
+    """``master`` with ``attempts`` per task when it is a local master that allows one (``local``,
+    ``local[N]``, ``local[*]`` become ``local[N,attempts]``); any other master is returned as it is: a
+    cluster's, ``local-cluster[...]`` (both read ``spark.task.maxFailures``) and ``local[N,F]`` (its
+    own F)."""
+    local = _LOCAL_WITHOUT_RETRIES.fullmatch(master.strip())
+    if local is None:
+        return master
+    return f"local[{local.group(1) or 1},{attempts}]"
+
+
+def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandra-cdc",
                   shuffle_partitions: int = 2,
                   extra_conf: dict[str, Any] | None = None) -> SparkSession:
     """Get (or create) the session; ``extra_conf`` is applied last and wins over every default here.
+
+    A local ``master`` without task retries gets as many attempts per task as ``extra_conf``'s
+    ``spark.task.maxFailures``, else as a cluster's default (``local_master_with_retries``).
 
     ``getOrCreate`` returns an already running session as is, except for runtime SQL settings it
     can still change: static settings (master, UI, provider class) only take effect in a new session.
@@ -80,7 +105,8 @@ def spark_session(master: str | None = "local[2]", app_name: str = "cassandra-cd
     conf.update(extra_conf or {})
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
-        builder = builder.master(master)
+        attempts = int(conf.get(TASK_ATTEMPTS_SETTING, TASK_ATTEMPTS))
+        builder = builder.master(local_master_with_retries(master, attempts))
     for key, value in conf.items():
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
@@ -107,4 +133,5 @@ def kafka_format_available(spark: SparkSession) -> bool:
         return False
 
 
-__all__ = ["kafka_format_available", "session_master", "spark_session", "submitted_master"]
+__all__ = ["DEFAULT_MASTER", "kafka_format_available", "local_master_with_retries", "session_master",
+           "spark_session", "submitted_master"]
