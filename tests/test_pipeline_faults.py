@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -258,9 +259,12 @@ def test_a_full_checkpoint_disk_fails_the_pipeline_in_one_line_and_the_restart_c
             # (Spark's JVM logs the failure too, with its stack trace, through log4j: not ours to format.)
             errors = [line for line in output.splitlines() if " ERROR cassandra_cdc" in line]
             assert len(errors) == 1, output[-5000:]
-            assert errors[0].endswith(f"the pipeline failed: java.io.IOException: No space left on device "
-                                      f"(checkpoint {checkpoint}); once the cause is fixed, start it again: "
-                                      "it resumes from its checkpoint"), errors[0]
+            # Whichever write meets the full disk first fails the query: the driver's offset log or a task's
+            # state store commit.
+            assert re.search(r"the pipeline failed: (java\.io\.IOException: No space left on device|"
+                             r"\[CANNOT_WRITE_STATE_STORE\.CANNOT_COMMIT\] .*) "
+                             + re.escape(f"(checkpoint {checkpoint}); once the cause is fixed, start it again: "
+                                         "it resumes from its checkpoint") + "$", errors[0]), errors[0]
             filler.unlink()
             process = start_pipeline(command, log)
             assert wait_for(lambda: len(read_all(real_kafka.bootstrap_servers, topic)) >= total, 240), \
