@@ -239,12 +239,14 @@ def test_encrypted_segment_with_its_key_is_published_and_cleaned_up(harness: Mak
 
 # --- a torn tail, an idx with garbage, a segment deleted while being read -----------------------------------
 
-def write_sections(h: Harness, sections: int, rows: int = 10) -> list[list[int]]:
-    """``sections`` synced sections of ``rows`` inserts each into the active segment: their positions."""
+def write_sections(h: Harness, sections: int, rows: int = 10, synced: bool = True) -> list[list[int]]:
+    """``sections`` sections of ``rows`` inserts each into the active segment (synced: the idx says so, and
+    the agent may read them): their positions."""
     positions = []
     for _ in range(sections):
         positions.append([h.insert("ks.users", id=len(h.expected) + i, name="row")[1] for i in range(rows)])
-        h.node.sync()
+        if synced:
+            h.node.sync()
     return positions
 
 
@@ -339,7 +341,7 @@ def test_segment_deleted_while_being_read_is_reported_and_the_newer_ones_publish
     with caplog.at_level(logging.ERROR), running(h.config()):
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "the live segment's synced changes")
-        unread = write_sections(h, 1)[0]
+        unread = write_sections(h, 1, synced=False)[0]  # the agent cannot have read them before the removal
         for path in (h.cdc_raw / removed.path.name, h.cdc_raw / f"{removed.path.stem}_cdc.idx"):
             path.unlink()
         for position in unread:

@@ -824,7 +824,7 @@ def step_records(steps: list[tuple[str, int, str, int, int]]) -> list[tuple[byte
     return records
 
 
-@settings(max_examples=25, deadline=None, database=None,
+@settings(max_examples=12, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(steps=st.lists(st.one_of(WRITE_STEPS, WRITE_STEPS, WRITE_STEPS, TRUNCATE_STEPS), min_size=1,
                       max_size=24), data=st.data())
