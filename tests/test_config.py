@@ -72,6 +72,21 @@ def test_a_key_named_file_is_not_taken_for_a_secret_file(tmp_path: Path) -> None
         load_agent_config(path)
 
 
+def test_task_attempts_that_are_not_a_count_name_the_setting(tmp_path: Path) -> None:
+    """A local master gets spark.task.maxFailures attempts per task: a value that is no count is refused when
+    the config is read, not as a traceback when the Spark session starts."""
+    path = tmp_path / "pipeline.yaml"
+    for value, accepted in (("3", True), ("four", False), ("0", False)):
+        path.write_text(f"server: s\ncheckpoint: {tmp_path / 'ck'}\nkafka: {{bootstrap_servers: 'k:9092'}}\n"
+                        f"spark: {{conf: {{spark.task.maxFailures: '{value}'}}}}\n")
+        if accepted:
+            assert load_pipeline_config(path).spark.conf["spark.task.maxFailures"] == value
+        else:
+            with pytest.raises(ConfigError, match=r"pipeline.yaml: spark.conf: spark.task.maxFailures must be a "
+                                                  rf"whole number of attempts ≥ 1, not '{value}'"):
+                load_pipeline_config(path)
+
+
 def test_every_problem_on_its_own_line_without_secret_values(tmp_path: Path) -> None:
     path = tmp_path / "pipeline.yaml"
     path.write_text("server: prod1\ncheckpoint: /tmp/ckpt\nkafka: {bootstrap_servers: 'k:9092', "

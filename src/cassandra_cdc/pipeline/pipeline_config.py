@@ -54,6 +54,14 @@ class SparkSettings(_Section):
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 
+    @field_validator("conf")
+    @classmethod
+    def _task_attempts_a_count(cls, conf: dict[str, str]) -> dict[str, str]:
+        attempts = str(conf.get("spark.task.maxFailures", "1")).strip()
+        if not attempts.isdigit() or int(attempts) < 1:
+            raise ValueError(f"spark.task.maxFailures must be a whole number of attempts ≥ 1, not {attempts!r}")
+        return conf
+
 
 class SchemaRegistrySettings(_Section):
     url: str = Field(..., description="The registry's URL (a Confluent-compatible API).")
