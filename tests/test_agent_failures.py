@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -33,6 +33,18 @@ broker, harness = agent_harness.broker, agent_harness.harness  # fixtures: a bro
 
 
 # --- failures: kill -9, SIGTERM, broker outage ---------------------------------------------------------------
+
+def catch_up(h: Harness, raw: RawReader, config_file: Path, log: Path, write: Callable[[], Any],
+             what: str) -> None:
+    """Start the agent, ``write`` and shut the node down; the agent publishes every change and deletes every
+    segment, then stops cleanly."""
+    with AgentProcess(config_file, log) as process:
+        write()
+        h.node.close()
+        raw.wait_for(lambda: raw.has_all(h.expected), what)
+        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
+        assert process.terminate() == 0
+
 
 def test_kill_9_mid_segment_loses_nothing(tmp_path: Path, harness: MakeHarness) -> None:
     """``kill -9`` of the agent while it is inside a live (compressed) segment, twice, with writes going on
@@ -61,12 +73,7 @@ def test_kill_9_mid_segment_loses_nothing(tmp_path: Path, harness: MakeHarness) 
         while h.node.active_segment.descriptor.segment_id == down_in:
             h.write(50, sync_every=20)
     assert raw is not None
-    with AgentProcess(config_file, log) as process:
-        h.write(300, sync_every=20)
-        h.node.close()
-        raw.wait_for(lambda: raw.has_all(h.expected), "every change after the restarts")
-        wait_until(lambda: not h.segment_files(), "every segment published and deleted")
-        assert process.terminate() == 0
+    catch_up(h, raw, config_file, log, lambda: h.write(300, sync_every=20), "every change after the restarts")
     raw.poll(0.2)
     assert_published_exactly(raw, h.expected, duplicates=True)
     assert len({k[0] for k in h.expected}) >= 3, "each restart resumed into a segment rolled over meanwhile"
@@ -468,12 +475,7 @@ def test_a_full_state_dir_stops_the_agent_with_one_line_and_a_restart_after_spac
         last_saved = {int(segment): position["position"]
                       for segment, position in json.loads(saved)["segments"].items()}
         filler.unlink()
-        with AgentProcess(h.config_file(), log) as process:
-            h.write(50)
-            h.node.close()
-            raw.wait_for(lambda: raw.has_all(h.expected), "every change after the restart")
-            wait_until(lambda: not h.segment_files(), "every segment published and deleted")
-            assert process.terminate() == 0
+        catch_up(h, raw, h.config_file(), log, lambda: h.write(50), "every change after the restart")
     raw.poll(0.2)
     assert_published_exactly(raw, h.expected, duplicates=True)
     twice = [key for key, copies in raw.keys().items() if copies > 1]
