@@ -303,6 +303,7 @@ class Latency:
     sync_ms: float
     seconds: float
     by_quarter: list[float]  # p99 of each quarter of the run, in write order
+    agent_cpu: float  # the agent's CPU seconds per second of writing (1.0: a whole core)
 
     def percentile(self, p: float) -> float:
         ordered = sorted(self.samples)
@@ -315,7 +316,8 @@ class Latency:
                 ("samples", f"{len(self.samples):,}"),
                 ("p50", ms(self.percentile(50))), ("p90", ms(self.percentile(90))),
                 ("p99", ms(self.percentile(99))), ("max", ms(max(self.samples))),
-                ("p99 by quarter of the run", ", ".join(ms(q) for q in self.by_quarter))]
+                ("p99 by quarter of the run", ", ".join(ms(q) for q in self.by_quarter)),
+                ("agent CPU while the node writes", f"{self.agent_cpu:.0%} of a core")]
 
 
 def measure_latency(broker: EmbeddedBroker, work: Path, schema: Path, rate: int, sync_ms: float, seconds: float,
@@ -347,7 +349,8 @@ def measure_latency(broker: EmbeddedBroker, work: Path, schema: Path, rate: int,
         reader = threading.Thread(target=consume)
         reader.start()
         time.sleep(1.0)  # the consumer has its assignment and the agent its idle loop
-        next_sync = time.monotonic()
+        next_sync = started = time.monotonic()
+        cpu_before = agent.cpu_seconds()
         for batch in range(batches):
             pending = [node.write(m) for m in mutations[batch * per_sync:(batch + 1) * per_sync]]
             node.sync()  # rewrites _cdc.idx
@@ -357,6 +360,7 @@ def measure_latency(broker: EmbeddedBroker, work: Path, schema: Path, rate: int,
             order.extend(pending)
             next_sync += sync_ms / 1000
             time.sleep(max(0.0, next_sync - time.monotonic()))
+        agent_cpu = (agent.cpu_seconds() - cpu_before) / (time.monotonic() - started)
         done.set()
         reader.join(120)
         if reader.is_alive():
@@ -368,7 +372,7 @@ def measure_latency(broker: EmbeddedBroker, work: Path, schema: Path, rate: int,
     samples = [seen[key] - synced_at[key] for key in order]
     quarter = len(samples) // 4
     by_quarter = [statistics.quantiles(samples[i * quarter:(i + 1) * quarter], n=100)[98] for i in range(4)]
-    return Latency(samples, rate, sync_ms, seconds, by_quarter)
+    return Latency(samples, rate, sync_ms, seconds, by_quarter, agent_cpu)
 
 
 # --- results --------------------------------------------------------------------------------------

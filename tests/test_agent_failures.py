@@ -322,6 +322,29 @@ def test_stopping_while_cdc_raw_changes_logs_no_error(tmp_path: Path,
     assert [record.getMessage() for record in caplog.records if record.levelno >= logging.ERROR] == []
 
 
+def test_only_a_change_of_cdc_raw_wakes_the_agent_not_its_own_reads(tmp_path: Path) -> None:
+    """Reading an idx file (as the agent does after each wake-up) must not wake the agent again: at a node's
+    pace that was thousands of wake-ups a second with nothing new. Rewriting it, as the node does, must."""
+    index = tmp_path / "CommitLog-8-1_cdc.idx"
+    index.write_text("0")
+    notifier = ChangeNotifier(tmp_path)
+    notifier.start()
+    try:
+        notifier.wait(0.5)  # anything of the setup
+        assert index.read_text() == "0"
+        assert not notifier.wait(1.0), "a read of cdc_raw woke the agent"
+        index.write_text("4096")
+        assert notifier.wait(5.0), "a rewritten idx did not wake the agent"
+        notifier.wait(0.5)
+        (tmp_path / "CommitLog-8-2.log").write_bytes(b"")
+        assert notifier.wait(5.0), "a new segment did not wake the agent"
+        notifier.wait(0.5)
+        (tmp_path / "CommitLog-8-2.log").unlink()
+        assert notifier.wait(5.0), "a segment removed did not wake the agent"
+    finally:
+        notifier.stop()
+
+
 def lose_the_last_batches(broker: EmbeddedBroker, topic: str) -> int:
     """Stop the broker and take from each partition of a topic its last record batch, as a broker restarted
     without what it had acknowledged would; return how many records are gone."""

@@ -14,7 +14,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileDeletedEvent, FileModifiedEvent, FileMovedEvent,
+                             FileSystemEvent, FileSystemEventHandler)
 from watchdog.observers import Observer
 
 from ..commitlog.segment_descriptor import cdc_index_file_name, parse_segment_name
@@ -91,6 +92,12 @@ class _StoppedWhileReading(logging.Filter):
 logging.getLogger("watchdog.observers.inotify").addFilter(_StoppedWhileReading())
 
 
+# What wakes the agent: a file created, moved in, written, closed after a write, or removed. Not the opens and
+# read-only closes that inotify also reports: the agent's own reads of each ``_cdc.idx`` would wake it again,
+# for ever, with nothing new to read.
+_CHANGES = [FileCreatedEvent, FileMovedEvent, FileModifiedEvent, FileClosedEvent, FileDeletedEvent]
+
+
 class ChangeNotifier:
     """Wakes the agent when anything in ``cdc_raw`` changes (inotify), with a polling fallback."""
 
@@ -98,7 +105,7 @@ class ChangeNotifier:
         self._changed = threading.Event()
         self._observer = Observer()
         handler = _SetEvent(self._changed)
-        self._observer.schedule(handler, str(directory), recursive=False)
+        self._observer.schedule(handler, str(directory), recursive=False, event_filter=_CHANGES)
 
     def start(self) -> None:
         self._observer.start()
