@@ -10,7 +10,8 @@ Reported:
 
 - whether the pipeline and the agents waited (their processes never exited; the pipeline's lines saying it
   waits for Kafka and that Kafka is back),
-- each agent's RSS before the outage, its highest during it, and after (from /proc, every second),
+- each agent's RSS, and the pipeline's (all its processes), before the outage, the highest during it, and
+  after (from /proc, every second),
 - the events a read_committed consumer sees against the inserts written: missing and duplicated (both must
   be 0).
 
@@ -56,6 +57,19 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def session_rss_mib(session: int) -> float:
+    """The RSS of every process of a session, added up: the pipeline is a driver, its JVM and the JVM's
+    Python workers, all in the session it was started in."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == session:
+                total += rss_mib(int(stat.parent.name))
+        except (OSError, ValueError):
+            continue  # the process ended meanwhile
+    return total
 
 
 class Writer(threading.Thread):
@@ -165,6 +179,7 @@ def main() -> None:
             pipeline_log = work / "pipeline.log"
             pipeline = start_process([str(CLI), "pipeline", "--config", str(pipeline_config)], pipeline_log)
             samples: dict[str, list[tuple[float, float]]] = {f"agent node{i}": [] for i in range(NODES)}
+            samples["pipeline (driver, JVM, Python workers)"] = []
             sampling = threading.Event()
 
             def sample() -> None:
@@ -172,6 +187,9 @@ def main() -> None:
                     for name, agent in zip(samples, agents):
                         if agent.poll() is None:
                             samples[name].append((time.monotonic(), rss_mib(agent.pid)))
+                    if pipeline.poll() is None:
+                        samples["pipeline (driver, JVM, Python workers)"].append(
+                            (time.monotonic(), session_rss_mib(pipeline.pid)))
             sampler = threading.Thread(target=sample, daemon=True)
             try:
                 for writer in writers:
