@@ -53,6 +53,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition  # noqa: 
 
 from cassandra_cdc.agent import Agent, AgentConfig  # noqa: E402
 from cassandra_cdc.commitlog import Mutation, MutationSerializer  # noqa: E402
+from cassandra_cdc.kafka.topic_names import RAW_TOPIC_PARTITIONS  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402
 from cassandra_cdc.simulator import EmbeddedBroker, Insert, SimulatedNode, to_mutation  # noqa: E402
 
@@ -162,14 +163,16 @@ class AgentProcess:
 
 
 def wait_for_topic(broker: EmbeddedBroker, topic: str, timeout: float = 60) -> list[int]:
+    """The raw topic's partitions, once the agent has created all of them. Asked for as part of every topic's
+    metadata: a request naming the topic would have the broker auto-create it with one partition first."""
     admin = broker.admin()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        metadata = admin.list_topics(topic, timeout=5).topics.get(topic)
-        if metadata is not None and metadata.error is None and metadata.partitions:
+        metadata = admin.list_topics(timeout=5).topics.get(topic)
+        if metadata is not None and metadata.error is None and len(metadata.partitions) == RAW_TOPIC_PARTITIONS:
             return sorted(metadata.partitions)
         time.sleep(0.05)
-    raise RuntimeError(f"topic {topic} did not appear")
+    raise RuntimeError(f"topic {topic} did not appear with its {RAW_TOPIC_PARTITIONS} partitions")
 
 
 def records_on(broker: EmbeddedBroker, topic: str, partitions: list[int]) -> int:
