@@ -65,22 +65,24 @@ EXPIRING = "expiring"
 # PostgreSQL (the pipeline, the registry and the worker start within it), so that the expiries are changes
 # the sink applies.
 EXPIRY_DELAY = 150
-# The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
-AVRO_TABLES = (*TABLES, EXPIRING, "wide")
-# A table (its column v) per type the sink may not take, each with a connector of its own (a failed task
-# stops every topic of its connector): the value written, and what Debezium's JDBC sink 3.2.0 did with it on
-# PostgreSQL 14, as docs/events.md tells. Refused: the error its task fails with.
+# A table (its column v) per type the sink may not take: the value written, and what Debezium's JDBC sink
+# 3.2.0 did with it on PostgreSQL 14, as docs/events.md tells. Refused: the error its task fails with (each
+# with a connector of its own: a failed task stops every topic of its connector).
 REFUSED: dict[str, tuple[Any, str]] = {
     "wide": (10**20 + 1, "ERROR: NUMERIC scale -1 must be between 0 and precision 38"),
-    "homes": (("main", 1), "Failed to resolve column type for schema: STRUCT (shop.address)"),
-    "pairs": ((1, "x"), "Failed to resolve column type for schema: STRUCT (tuple_int_text)"),
-    "grids": ([[1, 2], [3]], "Unable to find server array type for provided name integer[]"),
 }
-# Taken: the value psycopg reads back (a map's keys as hstore's text; a duration as ISO 8601 text).
+# Taken: the value psycopg reads back (a map's keys as hstore's text; a duration as ISO 8601 text; a user
+# type, a tuple, a list of lists in composite_handling_mode json: their CQL JSON in a json column).
 TAKEN: dict[str, tuple[Any, Any]] = {
     "idmaps": ({1: "a"}, {"1": "a"}),
     "spans": (util.Duration(1, 2, 3_000_000_000), "P0Y1M2DT0H0M3S"),
+    "homes": (("main", 1), {"street": "main", "zip": 1}),
+    "pairs": ((1, "x"), [1, "x"]),
+    "grids": ([[1, 2], [3]], [[1, 2], [3]]),
 }
+COMPOSITES = ("homes", "pairs", "grids")
+# The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
+AVRO_TABLES = (*TABLES, EXPIRING, "wide", *COMPOSITES)
 PROBES = {table: value for table, (value, _) in (REFUSED | TAKEN).items()}
 JDBC_SINK = "io.debezium.connector.jdbc.JdbcSinkConnector"
 PENDING_SEGMENTS = "cassandra_cdc_agent_segments_pending"
@@ -235,22 +237,23 @@ def avro_converters(registry_url: str, ca_file: Path) -> dict[str, str]:
 
 
 def connectors(jdbc_url: str, avro: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """The JDBC sink of docs/events.md's recipe for the tables, the same behind ExtractNewRecordState, one
-    for each probe table, and one for the Avro topics with the ``avro`` converters."""
+    """The JDBC sink of docs/events.md's recipe for the tables and the probe tables it takes, the same
+    behind ExtractNewRecordState, one for each probe table it refuses, and one for the Avro topics with the
+    ``avro`` converters."""
     sink = {"connector.class": JDBC_SINK, "connection.url": jdbc_url, "connection.username": "postgres",
             "connection.password": "", "insert.mode": "upsert", "delete.enabled": "true",
             "truncate.enabled": "true", "primary.key.mode": "record_key", "schema.evolution": "basic",
             "tasks.max": "1"}
     topics = [f"{SERVER}.shop.{table}" for table in TABLES]
     return {"tables": {**sink, "topics": ",".join([*topics, *(f"{SERVER}.shop.{table}"
-                                                              for table in (TRUNCATED, EXPIRING))])},
+                                                              for table in (TRUNCATED, EXPIRING, *TAKEN))])},
             "unwrapped": {**sink, "topics": ",".join(topics), "collection.name.format": "unwrapped_${topic}",
                           "transforms": "unwrap",
                           "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
                           "transforms.unwrap.add.fields": "op,source.ts_ms"},
             "avro": {**sink, **avro,
                      "topics": ",".join(f"{AVRO_SERVER}.shop.{table}" for table in AVRO_TABLES)},
-            **{table: {**sink, "topics": f"{SERVER}.shop.{table}"} for table in PROBES}}
+            **{table: {**sink, "topics": f"{SERVER}.shop.{table}"} for table in REFUSED}}
 
 
 def avro_heartbeat(broker: Any, registry_settings: dict[str, str]) -> tuple[Any, Any]:
@@ -280,9 +283,10 @@ def plain_decimal(value: decimal.Decimal) -> str:
 def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, spark: Any,
                                                               tmp_path: Path) -> None:
     """Debezium's JDBC sink (upsert, deletes, truncates, record keys, basic schema evolution) makes of the
-    events of every table the table itself, from Connect JSON and from Avro through the registry, after a
-    TRUNCATE and after TTL expiries too; ExtractNewRecordState's ``source.ts_ms`` is each row's write time;
-    the types it cannot take fail its task with the error docs/events.md quotes."""
+    events of every table the table itself, from Connect JSON and from Avro through the registry, user types,
+    tuples and nested collections as CQL JSON (composite_handling_mode json), after a TRUNCATE and after TTL
+    expiries too; ExtractNewRecordState's ``source.ts_ms`` is each row's write time; the types it cannot take
+    fail its task with the error docs/events.md quotes."""
     from cassandra_cdc.agent.truncations import Truncation, TruncationWatch
     from cassandra_cdc.localcluster import ConnectWorker, PostgresServer, SchemaRegistryServer
     from cassandra_cdc.localcluster.artifacts import connect_plugin_path, postgres_home, registry_application
@@ -319,7 +323,7 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
         pipeline_settings = {
             "server": SERVER, "checkpoint": str(tmp_path / "checkpoint"),
             "kafka.bootstrap_servers": real_kafka.bootstrap_servers, "output.static_only_rows": "skip",
-            "spark.trigger_interval": "500 milliseconds"}
+            "output.composite_handling_mode": "json", "spark.trigger_interval": "500 milliseconds"}
         pipeline = start(spark, load_pipeline_config(None, pipeline_settings))
         with SchemaRegistryServer(tmp_path / "registry", certificate,
                                   users={REGISTRY_USER: REGISTRY_PASSWORD}) as registry, \
@@ -399,6 +403,9 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                                 expected_rows(cluster, table, plain_decimal))
                 wide = str(PROBES["wide"])
                 assert_rows(f"{AVRO_SERVER}_shop_wide", ["id"], {(1,): {"id": 1, "v": wide}})
+                for table in COMPOSITES:
+                    assert_rows(f"{AVRO_SERVER}_shop_{table}", ["id"],
+                                {(1,): {"id": 1, "v": TAKEN[table][1]}})
 
                 # The heartbeats in Avro, registered there too.
                 key, value = avro_heartbeat(real_kafka, SchemaRegistrySettings(
