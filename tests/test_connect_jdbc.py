@@ -5,7 +5,7 @@ Confluent API) and read by Apicurio's AvroConverter. Three simulated replicas' a
 produce the events on a real Kafka broker (the JSON events first, then, from the same raw topic, the Avro
 ones with other handling modes: one pipeline query at a time); the PostgreSQL tables must then hold what
 the simulator's model of the writes says the Cassandra tables hold (computed from the CQL operations, not
-from our events), after a TRUNCATE and after TTL expiries too."""
+from our events), after a TRUNCATE (one applied from each format) and after TTL expiries too."""
 
 from __future__ import annotations
 
@@ -57,9 +57,16 @@ CREATE TABLE shop.notes (id int PRIMARY KEY, body text) WITH ID = 7c3e0000-0000-
     AND cdc = true;
 CREATE TABLE shop.expiring (id int PRIMARY KEY, v text, n int)
     WITH ID = 7c3e0000-0000-4000-8000-00000000000a AND cdc = true;
+CREATE TABLE shop.drafts (id int PRIMARY KEY, body text) WITH ID = 7c3e0000-0000-4000-8000-00000000000b
+    AND cdc = true;
 """
 TABLES = ("kinds", "orders")  # also behind ExtractNewRecordState
-TRUNCATED = "notes"  # truncated once its rows are in PostgreSQL, then written again
+# Truncated once their rows are in PostgreSQL: notes from the JSON events (then written again), drafts from
+# the Avro ones (the Avro pipeline starts after the truncation of notes and replays it with the rows written
+# before and after it, all in Kafka before the sink reads them, on different partitions: the sink, which
+# applies them in the order it reads them, would then keep or drop rows by that order, see docs/events.md).
+TRUNCATED = "notes"
+AVRO_TRUNCATED = "drafts"
 EXPIRING = "expiring"
 # Seconds after the test's start when the TTLs of shop.expiring run out: after its rows have reached
 # PostgreSQL (the pipeline, the registry and the worker start within it), so that the expiries are changes
@@ -82,7 +89,7 @@ TAKEN: dict[str, tuple[Any, Any]] = {
 }
 COMPOSITES = ("homes", "pairs", "grids")
 # The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
-AVRO_TABLES = (*TABLES, EXPIRING, "wide", *COMPOSITES)
+AVRO_TABLES = (*TABLES, EXPIRING, "wide", *COMPOSITES, AVRO_TRUNCATED)
 PROBES = {table: value for table, (value, _) in (REFUSED | TAKEN).items()}
 JDBC_SINK = "io.debezium.connector.jdbc.JdbcSinkConnector"
 PENDING_SEGMENTS = "cassandra_cdc_agent_segments_pending"
@@ -104,9 +111,9 @@ def kinds_values(index: int) -> dict[str, Any]:
 
 def operations(first_timestamp: int, expiry: int) -> list[Any]:
     """Inserts, updates, a row delete and a partition delete on both tables, a static-only partition, a row
-    of each probe table, rows to truncate, and TTLs: a row whose TTL ran out before the pipeline started,
-    a row and a cell whose TTLs run out at ``expiry`` (seconds); each statement a millisecond after the one
-    before."""
+    of each probe table, rows of each table to truncate, and TTLs: a row whose TTL ran out before the
+    pipeline started, a row and a cell whose TTLs run out at ``expiry`` (seconds); each statement a
+    millisecond after the one before."""
     timestamps = iter(range(first_timestamp, first_timestamp + 10**9, 1000))
 
     def at() -> int:
@@ -140,8 +147,8 @@ def operations(first_timestamp: int, expiry: int) -> list[Any]:
         Update("shop.orders", key={"id": 1, "line": 2}, set={"qty": 4}, timestamp=at()),
         *[Insert(f"shop.{table}", values={"id": 1, "v": value}, timestamp=at())
           for table, value in PROBES.items()],
-        *[Insert(f"shop.{TRUNCATED}", values={"id": index, "body": f"before {index}"}, timestamp=at())
-          for index in range(1, 4)]]
+        *[Insert(f"shop.{table}", values={"id": index, "body": f"before {index}"}, timestamp=at())
+          for table in (TRUNCATED, AVRO_TRUNCATED) for index in range(1, 4)]]
 
 
 def in_postgresql(value: Any, decimals: Callable[[decimal.Decimal], Any] = float) -> Any:
@@ -345,6 +352,19 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                     found = wait_for_rows(connection, name, key_columns, rows, still_working)
                     assert found == rows, f"{name}: {differences(found, rows)}"
 
+                def truncate(server: str, table: str) -> int:
+                    """The table's rows are in PostgreSQL, then a TRUNCATE empties it: its time (ms)."""
+                    sunk = f"{server}_shop_{table}"
+                    assert_rows(sunk, ["id"], expected_rows(cluster, table))
+                    truncation_ms = time.time_ns() // 10**6
+                    for node in truncated_at:
+                        # Covering every write so far: a segment id no node has reached (ids are start
+                        # times); the truncations before stay in the node's list, as in system.local.
+                        node.truncations = [*node.truncations, Truncation(schema.table("shop", table).id,
+                                                                          truncation_ms, 0, truncation_ms)]
+                    assert_rows(sunk, ["id"], {})
+                    return truncation_ms
+
                 for table in TABLES:
                     key_columns = [c.name for c in schema.table("shop", table).primary_key]
                     expected = expected_rows(cluster, table)
@@ -360,21 +380,14 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                                        f"the task of {table} to fail", timeout=60, step=0.5)
                     assert error in trace, trace
 
-                # TRUNCATE: the table is emptied, and what is written after it lands.
-                notes = f"{SERVER}_shop_{TRUNCATED}"
-                assert_rows(notes, ["id"], expected_rows(cluster, TRUNCATED))
-                truncation_ms = time.time_ns() // 10**6
-                for node in truncated_at:
-                    # Covering every write so far: a segment id no node has reached (ids are start times).
-                    node.truncations = [Truncation(schema.table("shop", TRUNCATED).id, truncation_ms, 0,
-                                                   truncation_ms)]
-                assert_rows(notes, ["id"], {})
+                # TRUNCATE, and what is written after it lands.
+                truncation_ms = truncate(SERVER, TRUNCATED)
                 later = [Insert(f"shop.{TRUNCATED}", values={"id": index, "body": f"after {index}"},
                                 timestamp=(truncation_ms + 1000 + index) * 1000) for index in (1, 4)]
                 cluster.run(later, sync_every=5)
                 published()
-                assert_rows(notes, ["id"], {(index,): {"id": index, "body": f"after {index}"}
-                                            for index in (1, 4)})
+                assert_rows(f"{SERVER}_shop_{TRUNCATED}", ["id"],
+                            {(index,): {"id": index, "body": f"after {index}"} for index in (1, 4)})
 
                 # TTLs: the expired cell and row are gone (and the row whose TTL ran out before the
                 # pipeline started never came).
@@ -406,6 +419,7 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                 for table in COMPOSITES:
                     assert_rows(f"{AVRO_SERVER}_shop_{table}", ["id"],
                                 {(1,): {"id": 1, "v": TAKEN[table][1]}})
+                truncate(AVRO_SERVER, AVRO_TRUNCATED)
 
                 # The heartbeats in Avro, registered there too.
                 key, value = avro_heartbeat(real_kafka, SchemaRegistrySettings(
