@@ -5,7 +5,7 @@ Confluent API) and read by Apicurio's AvroConverter. Three simulated replicas' a
 produce the events on a real Kafka broker (the JSON events first, then, from the same raw topic, the Avro
 ones with other handling modes: one pipeline query at a time); the PostgreSQL tables must then hold what
 the simulator's model of the writes says the Cassandra tables hold (computed from the CQL operations, not
-from our events), after a TRUNCATE and after TTL expiries too."""
+from our events), after a TRUNCATE (one applied from each format) and after TTL expiries too."""
 
 from __future__ import annotations
 
@@ -57,30 +57,39 @@ CREATE TABLE shop.notes (id int PRIMARY KEY, body text) WITH ID = 7c3e0000-0000-
     AND cdc = true;
 CREATE TABLE shop.expiring (id int PRIMARY KEY, v text, n int)
     WITH ID = 7c3e0000-0000-4000-8000-00000000000a AND cdc = true;
+CREATE TABLE shop.drafts (id int PRIMARY KEY, body text) WITH ID = 7c3e0000-0000-4000-8000-00000000000b
+    AND cdc = true;
 """
 TABLES = ("kinds", "orders")  # also behind ExtractNewRecordState
-TRUNCATED = "notes"  # truncated once its rows are in PostgreSQL, then written again
+# Truncated once their rows are in PostgreSQL: notes from the JSON events (then written again), drafts from
+# the Avro ones (the Avro pipeline starts after the truncation of notes and replays it with the rows written
+# before and after it, all in Kafka before the sink reads them, on different partitions: the sink, which
+# applies them in the order it reads them, would then keep or drop rows by that order, see docs/events.md).
+TRUNCATED = "notes"
+AVRO_TRUNCATED = "drafts"
 EXPIRING = "expiring"
 # Seconds after the test's start when the TTLs of shop.expiring run out: after its rows have reached
 # PostgreSQL (the pipeline, the registry and the worker start within it), so that the expiries are changes
 # the sink applies.
 EXPIRY_DELAY = 150
-# The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
-AVRO_TABLES = (*TABLES, EXPIRING, "wide")
-# A table (its column v) per type the sink may not take, each with a connector of its own (a failed task
-# stops every topic of its connector): the value written, and what Debezium's JDBC sink 3.2.0 did with it on
-# PostgreSQL 14, as docs/events.md tells. Refused: the error its task fails with.
+# A table (its column v) per type the sink may not take: the value written, and what Debezium's JDBC sink
+# 3.2.0 did with it on PostgreSQL 14, as docs/events.md tells. Refused: the error its task fails with (each
+# with a connector of its own: a failed task stops every topic of its connector).
 REFUSED: dict[str, tuple[Any, str]] = {
     "wide": (10**20 + 1, "ERROR: NUMERIC scale -1 must be between 0 and precision 38"),
-    "homes": (("main", 1), "Failed to resolve column type for schema: STRUCT (shop.address)"),
-    "pairs": ((1, "x"), "Failed to resolve column type for schema: STRUCT (tuple_int_text)"),
-    "grids": ([[1, 2], [3]], "Unable to find server array type for provided name integer[]"),
 }
-# Taken: the value psycopg reads back (a map's keys as hstore's text; a duration as ISO 8601 text).
+# Taken: the value psycopg reads back (a map's keys as hstore's text; a duration as ISO 8601 text; a user
+# type, a tuple, a list of lists in composite_handling_mode json: their CQL JSON in a json column).
 TAKEN: dict[str, tuple[Any, Any]] = {
     "idmaps": ({1: "a"}, {"1": "a"}),
     "spans": (util.Duration(1, 2, 3_000_000_000), "P0Y1M2DT0H0M3S"),
+    "homes": (("main", 1), {"street": "main", "zip": 1}),
+    "pairs": ((1, "x"), [1, "x"]),
+    "grids": ([[1, 2], [3]], [[1, 2], [3]]),
 }
+COMPOSITES = ("homes", "pairs", "grids")
+# The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
+AVRO_TABLES = (*TABLES, EXPIRING, "wide", *COMPOSITES, AVRO_TRUNCATED)
 PROBES = {table: value for table, (value, _) in (REFUSED | TAKEN).items()}
 JDBC_SINK = "io.debezium.connector.jdbc.JdbcSinkConnector"
 PENDING_SEGMENTS = "cassandra_cdc_agent_segments_pending"
@@ -102,9 +111,9 @@ def kinds_values(index: int) -> dict[str, Any]:
 
 def operations(first_timestamp: int, expiry: int) -> list[Any]:
     """Inserts, updates, a row delete and a partition delete on both tables, a static-only partition, a row
-    of each probe table, rows to truncate, and TTLs: a row whose TTL ran out before the pipeline started,
-    a row and a cell whose TTLs run out at ``expiry`` (seconds); each statement a millisecond after the one
-    before."""
+    of each probe table, rows of each table to truncate, and TTLs: a row whose TTL ran out before the
+    pipeline started, a row and a cell whose TTLs run out at ``expiry`` (seconds); each statement a
+    millisecond after the one before."""
     timestamps = iter(range(first_timestamp, first_timestamp + 10**9, 1000))
 
     def at() -> int:
@@ -138,8 +147,8 @@ def operations(first_timestamp: int, expiry: int) -> list[Any]:
         Update("shop.orders", key={"id": 1, "line": 2}, set={"qty": 4}, timestamp=at()),
         *[Insert(f"shop.{table}", values={"id": 1, "v": value}, timestamp=at())
           for table, value in PROBES.items()],
-        *[Insert(f"shop.{TRUNCATED}", values={"id": index, "body": f"before {index}"}, timestamp=at())
-          for index in range(1, 4)]]
+        *[Insert(f"shop.{table}", values={"id": index, "body": f"before {index}"}, timestamp=at())
+          for table in (TRUNCATED, AVRO_TRUNCATED) for index in range(1, 4)]]
 
 
 def in_postgresql(value: Any, decimals: Callable[[decimal.Decimal], Any] = float) -> Any:
@@ -235,22 +244,23 @@ def avro_converters(registry_url: str, ca_file: Path) -> dict[str, str]:
 
 
 def connectors(jdbc_url: str, avro: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """The JDBC sink of docs/events.md's recipe for the tables, the same behind ExtractNewRecordState, one
-    for each probe table, and one for the Avro topics with the ``avro`` converters."""
+    """The JDBC sink of docs/events.md's recipe for the tables and the probe tables it takes, the same
+    behind ExtractNewRecordState, one for each probe table it refuses, and one for the Avro topics with the
+    ``avro`` converters."""
     sink = {"connector.class": JDBC_SINK, "connection.url": jdbc_url, "connection.username": "postgres",
             "connection.password": "", "insert.mode": "upsert", "delete.enabled": "true",
             "truncate.enabled": "true", "primary.key.mode": "record_key", "schema.evolution": "basic",
             "tasks.max": "1"}
     topics = [f"{SERVER}.shop.{table}" for table in TABLES]
     return {"tables": {**sink, "topics": ",".join([*topics, *(f"{SERVER}.shop.{table}"
-                                                              for table in (TRUNCATED, EXPIRING))])},
+                                                              for table in (TRUNCATED, EXPIRING, *TAKEN))])},
             "unwrapped": {**sink, "topics": ",".join(topics), "collection.name.format": "unwrapped_${topic}",
                           "transforms": "unwrap",
                           "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
                           "transforms.unwrap.add.fields": "op,source.ts_ms"},
             "avro": {**sink, **avro,
                      "topics": ",".join(f"{AVRO_SERVER}.shop.{table}" for table in AVRO_TABLES)},
-            **{table: {**sink, "topics": f"{SERVER}.shop.{table}"} for table in PROBES}}
+            **{table: {**sink, "topics": f"{SERVER}.shop.{table}"} for table in REFUSED}}
 
 
 def avro_heartbeat(broker: Any, registry_settings: dict[str, str]) -> tuple[Any, Any]:
@@ -280,9 +290,10 @@ def plain_decimal(value: decimal.Decimal) -> str:
 def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, spark: Any,
                                                               tmp_path: Path) -> None:
     """Debezium's JDBC sink (upsert, deletes, truncates, record keys, basic schema evolution) makes of the
-    events of every table the table itself, from Connect JSON and from Avro through the registry, after a
-    TRUNCATE and after TTL expiries too; ExtractNewRecordState's ``source.ts_ms`` is each row's write time;
-    the types it cannot take fail its task with the error docs/events.md quotes."""
+    events of every table the table itself, from Connect JSON and from Avro through the registry, user types,
+    tuples and nested collections as CQL JSON (composite_handling_mode json), after a TRUNCATE and after TTL
+    expiries too; ExtractNewRecordState's ``source.ts_ms`` is each row's write time; the types it cannot take
+    fail its task with the error docs/events.md quotes."""
     from cassandra_cdc.agent.truncations import Truncation, TruncationWatch
     from cassandra_cdc.localcluster import ConnectWorker, PostgresServer, SchemaRegistryServer
     from cassandra_cdc.localcluster.artifacts import connect_plugin_path, postgres_home, registry_application
@@ -319,7 +330,7 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
         pipeline_settings = {
             "server": SERVER, "checkpoint": str(tmp_path / "checkpoint"),
             "kafka.bootstrap_servers": real_kafka.bootstrap_servers, "output.static_only_rows": "skip",
-            "spark.trigger_interval": "500 milliseconds"}
+            "output.composite_handling_mode": "json", "spark.trigger_interval": "500 milliseconds"}
         pipeline = start(spark, load_pipeline_config(None, pipeline_settings))
         with SchemaRegistryServer(tmp_path / "registry", certificate,
                                   users={REGISTRY_USER: REGISTRY_PASSWORD}) as registry, \
@@ -341,6 +352,19 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                     found = wait_for_rows(connection, name, key_columns, rows, still_working)
                     assert found == rows, f"{name}: {differences(found, rows)}"
 
+                def truncate(server: str, table: str) -> int:
+                    """The table's rows are in PostgreSQL, then a TRUNCATE empties it: its time (ms)."""
+                    sunk = f"{server}_shop_{table}"
+                    assert_rows(sunk, ["id"], expected_rows(cluster, table))
+                    truncation_ms = time.time_ns() // 10**6
+                    for node in truncated_at:
+                        # Covering every write so far: a segment id no node has reached (ids are start
+                        # times); the truncations before stay in the node's list, as in system.local.
+                        node.truncations = [*node.truncations, Truncation(schema.table("shop", table).id,
+                                                                          truncation_ms, 0, truncation_ms)]
+                    assert_rows(sunk, ["id"], {})
+                    return truncation_ms
+
                 for table in TABLES:
                     key_columns = [c.name for c in schema.table("shop", table).primary_key]
                     expected = expected_rows(cluster, table)
@@ -356,21 +380,14 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                                        f"the task of {table} to fail", timeout=60, step=0.5)
                     assert error in trace, trace
 
-                # TRUNCATE: the table is emptied, and what is written after it lands.
-                notes = f"{SERVER}_shop_{TRUNCATED}"
-                assert_rows(notes, ["id"], expected_rows(cluster, TRUNCATED))
-                truncation_ms = time.time_ns() // 10**6
-                for node in truncated_at:
-                    # Covering every write so far: a segment id no node has reached (ids are start times).
-                    node.truncations = [Truncation(schema.table("shop", TRUNCATED).id, truncation_ms, 0,
-                                                   truncation_ms)]
-                assert_rows(notes, ["id"], {})
+                # TRUNCATE, and what is written after it lands.
+                truncation_ms = truncate(SERVER, TRUNCATED)
                 later = [Insert(f"shop.{TRUNCATED}", values={"id": index, "body": f"after {index}"},
                                 timestamp=(truncation_ms + 1000 + index) * 1000) for index in (1, 4)]
                 cluster.run(later, sync_every=5)
                 published()
-                assert_rows(notes, ["id"], {(index,): {"id": index, "body": f"after {index}"}
-                                            for index in (1, 4)})
+                assert_rows(f"{SERVER}_shop_{TRUNCATED}", ["id"],
+                            {(index,): {"id": index, "body": f"after {index}"} for index in (1, 4)})
 
                 # TTLs: the expired cell and row are gone (and the row whose TTL ran out before the
                 # pipeline started never came).
@@ -399,6 +416,10 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                                 expected_rows(cluster, table, plain_decimal))
                 wide = str(PROBES["wide"])
                 assert_rows(f"{AVRO_SERVER}_shop_wide", ["id"], {(1,): {"id": 1, "v": wide}})
+                for table in COMPOSITES:
+                    assert_rows(f"{AVRO_SERVER}_shop_{table}", ["id"],
+                                {(1,): {"id": 1, "v": TAKEN[table][1]}})
+                truncate(AVRO_SERVER, AVRO_TRUNCATED)
 
                 # The heartbeats in Avro, registered there too.
                 key, value = avro_heartbeat(real_kafka, SchemaRegistrySettings(

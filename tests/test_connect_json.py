@@ -11,8 +11,8 @@ from conftest import require_jvm_artifacts
 import decimal
 
 from cassandra.util import Duration
-from test_events import (NAMED, NAMED_VALUES, NUMBERS, ROW, SOURCE, STATIC_SCHEMA, TABLE, _driver_row,
-                         _static_only_row)
+from test_events import (COMPOSITE_VALUES, COMPOSITES, NAMED, NAMED_VALUES, NUMBERS, ROW, SOURCE,
+                         STATIC_SCHEMA, TABLE, _driver_row, _static_only_row)
 
 from cassandra_cdc.events.event_encoder import EventEncoder
 from cassandra_cdc.events.field_mapping import TypeModes
@@ -58,6 +58,11 @@ def test_the_json_converter_writes_our_events_back_unchanged() -> None:
                                                                                  "string")):
         messages.append(EventEncoder("prod", NUMBERS, "json", modes=modes).value(None, numbers, "c", SOURCE,
                                                                                  1))
+    assert COMPOSITES is not None
+    composites = _driver_row(COMPOSITES, {"k": 1, "tags": ["a"], "ids": {2: "two"},
+                                          **{name: value for name, (value, _) in COMPOSITE_VALUES.items()}})
+    messages.append(EventEncoder("prod", COMPOSITES, "json", modes=TypeModes(composite="json")).value(
+        None, composites, "c", SOURCE, 1))
     written = json_converter_round_trip(messages)
     assert len(written) == len(messages)
     for message, back in zip(messages, written):

@@ -489,3 +489,54 @@ def test_doubles_are_written_as_java_writes_them() -> None:
         assert f'"after":{{"k":1,"d":2.5E-9,"f":{f_text},"span":null,"v":null,"x":{x_text}}}' in text
     row = {"k": 1, "d": None, "x": None, "f": None, "span": None, "v": None}
     assert '"d":null' in encoder.value(None, row, "c", SOURCE, 1).decode()
+
+
+COMPOSITES = parse_schema("""
+CREATE TYPE shop.address (street text, number int);
+CREATE TABLE shop.homes (
+    k int PRIMARY KEY, home frozen<address>, pair tuple<int, text>, grid list<frozen<list<int>>>,
+    by_floor map<int, frozen<address>>, prices map<timestamp, frozen<list<decimal>>>,
+    scans set<frozen<tuple<double, blob>>>, tags set<text>, ids map<int, text>);""").table("shop", "homes")
+# Each composite column's text, as Cassandra's SELECT JSON writes the value (its toJson): numbers exact and as
+# Java writes doubles, a timestamp key as its text, a blob as 0x-hex.
+COMPOSITE_VALUES: dict[str, tuple[Any, str]] = {
+    "home": (("Main", 4), '{"street": "Main", "number": 4}'),
+    "pair": ((1, "one"), '[1, "one"]'),
+    "grid": ([[1, 2], [3]], "[[1, 2], [3]]"),
+    "by_floor": ({3: ("Fir", None)}, '{"3": {"street": "Fir", "number": null}}'),
+    "prices": ({datetime.datetime(2024, 5, 6, 7, 8, 9, 123000): [decimal.Decimal("12.3400"),
+                                                                 decimal.Decimal("-1E-8")]},
+               '{"2024-05-06 07:08:09.123Z": [12.3400, -1E-8]}'),
+    "scans": ({(1e300, b"\x00\xff")}, '[[1.0E300, "0x00ff"]]'),
+}
+JSON_TEXT_SCHEMA = {"type": "string", "optional": True, "name": "io.debezium.data.Json", "version": 1}
+
+
+def test_composite_handling_mode_json_gives_the_cql_json_text() -> None:
+    """User types, tuples and collections of those or of collections are io.debezium.data.Json texts, in
+    Connect JSON and in Avro; the other columns stay as they are, and null stays null."""
+    assert COMPOSITES is not None
+    row = _driver_row(COMPOSITES, {"k": 1, "tags": ["a"], "ids": {2: "two"},
+                                   **{name: value for name, (value, _) in COMPOSITE_VALUES.items()}})
+    texts = {name: text for name, (_, text) in COMPOSITE_VALUES.items()}
+    modes = TypeModes(composite="json")
+    encoded = EventEncoder("prod", COMPOSITES, "json", modes=modes).value(None, row, "c", SOURCE, 1)
+    document = json.loads(encoded)
+    fields = {f["field"]: f for f in document["schema"]["fields"][1]["fields"]}
+    assert {name: fields[name] for name in texts} == {name: JSON_TEXT_SCHEMA | {"field": name}
+                                                      for name in texts}
+    assert (fields["tags"]["type"], fields["ids"]["type"]) == ("array", "map")
+    assert document["payload"]["after"] == {"k": 1, "tags": ["a"], "ids": [[2, "two"]], **texts}
+    registry = FakeRegistry()
+    encoder = EventEncoder("prod", COMPOSITES, "avro", registry, modes)  # type: ignore[arg-type]
+    value = encoder.value(None, row, "c", SOURCE, 1)
+    envelope = registry.subjects["prod.shop.homes-value"]
+    avro_fields = {f["name"]: f["type"] for f in envelope["fields"][0]["type"][1]["fields"]}
+    assert {name: avro_fields[name] for name in texts} == {name: ["null", {
+        "type": "string", "connect.version": 1, "connect.name": "io.debezium.data.Json"}] for name in texts}
+    after = fastavro.schemaless_reader(io.BytesIO(value[5:]), envelope)["after"]
+    assert after == {"k": 1, "tags": ["a"], "ids": [{"key": 2, "value": "two"}], **texts}
+    sparse = json.loads(EventEncoder("prod", COMPOSITES, "json", modes=modes).value(None, {"k": 2}, "c",
+                                                                                   SOURCE, 1))
+    assert sparse["payload"]["after"]["home"] is None and sparse["payload"]["after"]["grid"] is None
+

@@ -2,7 +2,8 @@
 
 One table, documented in ``docs/events.md``, decides every mapping: no loss (``varint`` and ``decimal``
 as strings, ``timestamp`` in milliseconds as Cassandra keeps it, ``time`` in nanoseconds), uuids as
-strings, collections as arrays and maps, tuples and UDTs as structs/records.
+strings, collections as arrays and maps, tuples and UDTs as structs/records, or (composite handling mode
+``json``) these and collections of collections as JSON text, which a JDBC sink can store.
 """
 
 from __future__ import annotations
@@ -16,27 +17,32 @@ import math
 import re
 import secrets
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cache, cached_property, partial
 from typing import Any, Callable, Literal, NamedTuple
 
-from ..schema.types import CqlType, java_double_text, shortest_float32
+from ..schema.types import CqlType, java_double_text, json_text, shortest_float32
 
 _EPOCH = datetime.datetime(1970, 1, 1)
 
 DecimalMode = Literal["precise", "double", "string"]
 VarintMode = Literal["precise", "long", "string"]
 IntervalMode = Literal["string", "numeric"]
+CompositeMode = Literal["nested", "json"]
 
 
 @dataclass(frozen=True)
 class TypeModes:
     """Debezium's handling modes for the types that have no exact Connect type: ``decimal`` (precise: an
     ``io.debezium.data.VariableScaleDecimal``), ``varint`` (precise: a Connect ``Decimal`` of scale 0) and
-    ``duration`` (string: an ``io.debezium.time.Interval``; numeric: an ``io.debezium.time.NanoDuration``)."""
+    ``duration`` (string: an ``io.debezium.time.Interval``; numeric: an ``io.debezium.time.NanoDuration``);
+    and ours for the composite types (user types, tuples, collections of those or of collections), which no
+    JDBC sink has a column for: nested (structs, arrays, maps) or json (an ``io.debezium.data.Json`` text,
+    as Debezium's PostgreSQL connector gives a json column, which Debezium's JDBC sink writes into one)."""
 
     decimal: DecimalMode = "precise"
     varint: VarintMode = "precise"
     interval: IntervalMode = "string"
+    composite: CompositeMode = "nested"
 
 
 class _Simple(NamedTuple):
@@ -262,6 +268,26 @@ VARIABLE_SCALE_DECIMAL = connect_schema("struct", fields=[connect_schema("int32"
                                         doc="Variable scaled decimal")
 
 
+_NESTING = ("list", "set", "map", "vector", "tuple", "udt")
+
+
+def _composite(t: CqlType) -> bool:
+    """Whether the type is one that composite handling mode ``json`` makes a JSON text: a user type, a tuple,
+    or a collection holding one of those or a collection."""
+    return t.kind in ("tuple", "udt") or (t.kind in _NESTING
+                                          and any(p.kind in _NESTING for p in t.parameters))
+
+
+_JSON_TEXT = connect_schema("string", name="io.debezium.data.Json", version=1)
+
+
+def _cql_json(t: CqlType, value: Any) -> str:
+    """A value as the text of CQL's ``toJson`` (what ``SELECT JSON`` shows of it): a user type an object by
+    field name, a tuple an array, a map an object whose keys are text (a key of another type as its JSON
+    text), numbers exact, NaN and the infinities null."""
+    return json_text(t.to_json(value))
+
+
 @dataclass(frozen=True)
 class FieldMapping:
     """The event representation of one CQL type."""
@@ -271,7 +297,12 @@ class FieldMapping:
 
     @cached_property
     def _simple(self) -> _Simple | None:
-        return _simple(self.cql_type.kind, self.modes)
+        """The mapping of a type that is one value in the event, or None for a nested one."""
+        t = self.cql_type
+        if self.modes.composite == "json" and _composite(t):
+            text = partial(_cql_json, t)
+            return _Simple(_JSON_TEXT, text, text)
+        return _simple(t.kind, self.modes)
 
     def _of(self, parameter: CqlType) -> FieldMapping:
         return FieldMapping(parameter, self.modes)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..events.field_mapping import DecimalMode, IntervalMode, TypeModes, VarintMode
+from ..events.field_mapping import CompositeMode, DecimalMode, IntervalMode, TypeModes, VarintMode
 from ..settings import ConfigError, load_settings, readable_file
 from ..kafka import ServerTopics
 from ..kafka.security import KafkaConnection
@@ -124,6 +124,10 @@ class OutputSettings(_Section):
     interval_handling_mode: IntervalMode = Field(
         "string", description="duration columns: string (io.debezium.time.Interval, ISO 8601, exact) or "
                               "numeric (io.debezium.time.NanoDuration, a month counted as 30 days).")
+    composite_handling_mode: CompositeMode = Field(
+        "nested", description="user types, tuples and collections holding those or collections: nested "
+                              "(structs, arrays, maps) or json (io.debezium.data.Json: the text of CQL's "
+                              "toJson, which Debezium's JDBC sink writes into a json column).")
     heartbeat_interval_ms: int = Field(
         0, ge=0, description="Debezium's heartbeat.interval.ms: while the pipeline runs, write a heartbeat "
                              "(key {serverName}, value {ts_ms}, Debezium's schemas) to "
@@ -147,7 +151,8 @@ class OutputSettings(_Section):
 
     @property
     def type_modes(self) -> TypeModes:
-        return TypeModes(self.decimal_handling_mode, self.varint_handling_mode, self.interval_handling_mode)
+        return TypeModes(self.decimal_handling_mode, self.varint_handling_mode, self.interval_handling_mode,
+                         self.composite_handling_mode)
 
 
 class MetricsSettings(_Section):
