@@ -3,8 +3,8 @@
 ``AbstractSourceInfoStructMaker``).
 
 Two encodings: Kafka Connect JSON (``{"schema": …, "payload": …}``, as the JsonConverter writes it
-with schemas enabled) and Avro (Confluent wire format with a schema registry, otherwise a
-self-describing Avro object container holding one record). Reference: ``docs/events.md``.
+with schemas enabled) and Avro in the Confluent wire format, its schemas registered with a schema registry
+(the one form of Avro that Kafka's deserializers read). Reference: ``docs/events.md``.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class EventEncoder:
 
     def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
                  schema_registry: "SchemaRegistry | None" = None, modes: TypeModes = TypeModes()) -> None:
+        """``schema_registry``: where the Avro schemas are registered (Avro only, and required there)."""
         self.table = table
         self.topic = event_topic(server, table.qualified_name)
         self.format = fmt
@@ -136,6 +137,8 @@ class EventEncoder:
             self._no_key_document = ConnectDocument(key_schema | {"optional": True})
             self._value_document = ConnectDocument(value_schema)
         else:
+            if schema_registry is None:
+                raise ValueError("Avro events need a schema registry")
             namespace = _avro_namespace(self._name)
             key_schema = self._avro_columns("Key", namespace, self._key_columns)
             row = self._avro_columns("Value", namespace, self._value_columns)
@@ -225,18 +228,14 @@ class EventEncoder:
 
     def _avro(self, schema: Any, record: dict[str, Any] | None, use: str) -> bytes:
         schema_id = self._schema_ids.get(use)
-        if schema_id is None and self._registry is not None:  # registered once per encoder, not per event
+        if schema_id is None:  # registered once per encoder, not per event
             schema_id = self._schema_ids[use] = self._registry.register(*self._declared[use])
         return avro_bytes(schema, record, schema_id)
 
 
-def avro_bytes(schema: Any, record: Any, schema_id: int | None) -> bytes:
-    """``record`` in the Confluent wire format with the registry's ``schema_id`` of the (parsed) ``schema``;
-    without a registry (``schema_id`` None), an object container: the schema travels along."""
+def avro_bytes(schema: Any, record: Any, schema_id: int) -> bytes:
+    """``record`` in the Confluent wire format with the registry's ``schema_id`` of the (parsed) ``schema``."""
     out = io.BytesIO()
-    if schema_id is None:
-        fastavro.writer(out, schema, [record])
-        return out.getvalue()
     out.write(struct.pack(">bI", 0, schema_id))  # magic 0, schema id
     fastavro.schemaless_writer(out, schema, record)
     return out.getvalue()

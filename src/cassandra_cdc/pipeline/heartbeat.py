@@ -38,7 +38,7 @@ def heartbeat_topic(config: PipelineConfig) -> str:
 
 
 class HeartbeatEncoder:
-    """A heartbeat's key and value in the events' format (Connect JSON, or Avro with or without a
+    """A heartbeat's key and value in the events' format (Connect JSON, or Avro through the schema
     registry)."""
 
     def __init__(self, config: PipelineConfig) -> None:
@@ -53,9 +53,7 @@ class HeartbeatEncoder:
                 "struct", fields=[connect_schema("int64", optional=False, field="ts_ms")],
                 optional=False, name=VALUE_SCHEMA_NAME, version=SCHEMA_VERSION))
             return
-        registry_settings = config.output.registry_client_settings()
-        registry = SchemaRegistry(registry_settings) if registry_settings else None
-        self._registry = registry
+        self._registry = SchemaRegistry(config.output.registry_client_settings())
         self._avro = {use: self._avro_record(name, field, kind)
                       for use, name, field, kind in (("key", KEY_SCHEMA_NAME, "serverName", "string"),
                                                      ("value", VALUE_SCHEMA_NAME, "ts_ms", "long"))}
@@ -79,9 +77,9 @@ class HeartbeatEncoder:
                 "connect.version": SCHEMA_VERSION, "connect.name": name}
 
     def _encode_avro(self, use: str, payload: dict[str, Any]) -> bytes:
-        if self._registry is not None and use not in self._ids:
+        if use not in self._ids:
             self._ids[use] = self._registry.register(f"{self.topic}-{use}", self._avro[use])
-        return avro_bytes(self._parsed[use], payload, self._ids.get(use))
+        return avro_bytes(self._parsed[use], payload, self._ids[use])
 
 
 class Heartbeats:

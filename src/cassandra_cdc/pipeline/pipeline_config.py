@@ -99,9 +99,8 @@ class SchemaRegistrySettings(_Section):
 class OutputSettings(_Section):
     format: Literal["json", "avro"] = Field("json", description="Kafka Connect JSON (schema + payload) or Avro.")
     schema_registry_url: str | None = Field(None, description="Avro: register schemas here and use the "
-                                                              "Confluent wire format; without a registry, "
-                                                              "self-describing Avro. Short for "
-                                                              "schema_registry.url.")
+                                                              "Confluent wire format (Avro needs a "
+                                                              "registry). Short for schema_registry.url.")
     schema_registry: SchemaRegistrySettings | None = Field(
         None, description="Avro: the schema registry, with its login and TLS.")
     tombstones: bool = Field(
@@ -137,6 +136,10 @@ class OutputSettings(_Section):
     def _one_registry(self) -> "OutputSettings":
         if self.schema_registry_url is not None and self.schema_registry is not None:
             raise ValueError("give schema_registry_url or schema_registry.url, not both")
+        # Avro without a registry has no form that Kafka's deserializers read (they take a schema id).
+        if self.format == "avro" and self.schema_registry_url is None and self.schema_registry is None:
+            raise ValueError("format avro needs a schema registry: set output.schema_registry_url "
+                             "(or output.schema_registry)")
         return self
 
     def registry_client_settings(self) -> dict[str, str]:
