@@ -20,7 +20,8 @@ import orjson
 
 from ..kafka import event_topic
 from ..schema import ColumnKind, TableMetadata
-from .field_mapping import FieldMapping, TypeModes, avro_field, avro_names, connect_schema, java_numbers
+from .field_mapping import (FieldMapping, TypeModes, avro_field, avro_from_connect, avro_names, connect_schema,
+                            java_numbers)
 
 _CONNECTOR_VERSION = version("cassandra-cdc")
 
@@ -239,6 +240,33 @@ def avro_bytes(schema: Any, record: Any, schema_id: int) -> bytes:
     out.write(struct.pack(">bI", 0, schema_id))  # magic 0, schema id
     fastavro.schemaless_writer(out, schema, record)
     return out.getvalue()
+
+
+class StructEncoder:
+    """Records of one Connect struct schema in an events' format: Connect JSON as the JsonConverter writes
+    it, or Avro as Confluent's AvroConverter does (``avro_from_connect``), registered under ``subject`` at
+    the first record. For records besides the events: heartbeats, schema changes."""
+
+    def __init__(self, schema: dict[str, Any], fmt: Format, subject: str,
+                 schema_registry: "SchemaRegistry | None") -> None:
+        self._document: ConnectDocument | None = None
+        if fmt == "json":
+            self._document = ConnectDocument(schema)
+            return
+        if schema_registry is None:
+            raise ValueError("Avro records need a schema registry")
+        self._registry = schema_registry
+        self._subject = subject
+        self._declared = avro_from_connect(schema)
+        self._parsed = fastavro.parse_schema(self._declared)
+        self._schema_id: int | None = None
+
+    def encode(self, payload: dict[str, Any]) -> bytes:
+        if self._document is not None:
+            return self._document.encode(payload)
+        if self._schema_id is None:
+            self._schema_id = self._registry.register(self._subject, self._declared)
+        return avro_bytes(self._parsed, payload, self._schema_id)
 
 
 class ConnectDocument:
