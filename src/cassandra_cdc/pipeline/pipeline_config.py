@@ -123,6 +123,10 @@ class OutputSettings(_Section):
     interval_handling_mode: IntervalMode = Field(
         "string", description="duration columns: string (io.debezium.time.Interval, ISO 8601, exact) or "
                               "numeric (io.debezium.time.NanoDuration, a month counted as 30 days).")
+    include_schema_changes: bool = Field(
+        True, description="Debezium's include.schema.changes: write a schema change event (Debezium's "
+                          "SchemaChangeKey/SchemaChangeValue) to the <server> topic for each version of a "
+                          "table the agents publish, once.")
     heartbeat_interval_ms: int = Field(
         0, ge=0, description="Debezium's heartbeat.interval.ms: while the pipeline runs, write a heartbeat "
                              "(key {serverName}, value {ts_ms}, Debezium's schemas) to "
