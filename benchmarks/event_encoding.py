@@ -2,9 +2,9 @@
 
 Encodes the update event (``before`` and ``after`` rows, the ``source`` block) and the key of the
 pipeline benchmark's table (``bench.users``: a bigint key and five text/int/double columns) with
-``EventEncoder``, in Connect JSON and in Avro (the Confluent wire format); best of N runs of ``--events`` each, timed
-with this process's CPU time (``time.process_time``) so that other work on a shared machine does not
-count.
+``EventEncoder``, in Connect JSON and in Avro (the Confluent wire format); best of N runs of
+``--events`` each, timed with this process's CPU time (``time.process_time``) so that other work on a
+shared machine does not count.
 
     python benchmarks/event_encoding.py [--events 50000] [--runs 5]
 """

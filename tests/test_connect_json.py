@@ -14,7 +14,7 @@ import decimal
 from cassandra.util import Duration
 from test_events import (NAMED, NAMED_VALUES, NUMBERS, ROW, SOURCE, STATIC_SCHEMA, TABLE, _driver_row,
                          _static_only_row)
-from test_schema_changes import ORDERS, RECORD, config
+from test_schema_changes import ORDERS, RECORD, offline_config
 
 from cassandra_cdc.events.event_encoder import EventEncoder
 from cassandra_cdc.events.field_mapping import TypeModes
@@ -61,7 +61,7 @@ def test_the_json_converter_writes_our_events_and_schema_changes_back_unchanged(
                                                                                  "string")):
         messages.append(EventEncoder("prod", NUMBERS, "json", modes=modes).value(None, numbers, "c", SOURCE,
                                                                                  1))
-    schema_changes = SchemaChangeEncoder(config())
+    schema_changes = SchemaChangeEncoder(offline_config())
     messages += [schema_changes.key("shop"), schema_changes.value(RECORD, ORDERS, "CREATE", 1714979290008),
                  schema_changes.value(RECORD, ORDERS, "ALTER", 1714979290009)]
     written = json_converter_round_trip(messages)

@@ -252,8 +252,8 @@ def test_avro_with_a_registry_uses_the_confluent_wire_format() -> None:
 def test_null_columns_stay_null() -> None:
     sparse = {"id": ROW["id"], "seq": 1}
     encoder, registry = avro_encoder(TABLE)
-    for after in (json.loads(EventEncoder("prod", TABLE).value(None, sparse, "c", SOURCE, 1))["payload"]["after"],
-                  registry.read(encoder.value(None, sparse, "c", SOURCE, 1))["after"]):
+    in_json = json.loads(EventEncoder("prod", TABLE).value(None, sparse, "c", SOURCE, 1))["payload"]
+    for after in (in_json["after"], registry.read(encoder.value(None, sparse, "c", SOURCE, 1))["after"]):
         assert after["seq"] == 1 and after["name"] is None and after["tags"] is None
 
 
@@ -464,7 +464,8 @@ def test_nan_and_infinity_are_written_as_the_json_converter_writes_them() -> Non
                                                                   1))["payload"]["after"]["x"] \
         == "Infinity"
     encoder, registry = avro_encoder(NUMBERS)
-    assert registry.read(encoder.value(None, row, "c", SOURCE, 1))["after"]["x"] == float("inf")  # Avro's doubles hold them
+    # Avro's doubles hold them
+    assert registry.read(encoder.value(None, row, "c", SOURCE, 1))["after"]["x"] == float("inf")
 
 
 def test_logical_types_carry_their_versions() -> None:

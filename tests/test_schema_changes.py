@@ -32,7 +32,7 @@ CREATE TABLE shop.orders ("Id" uuid, line int, qty varint, home frozen<addr>, ta
 ORDERS = SCHEMA.table("shop", "orders")
 RECORD = SchemaRecord("shop", "orders", str(ORDERS.id), ORDERS.version_hash(), "CREATE TABLE …", "node2",
                       1714979289123)
-# The items table of test_pipeline_faults, after ALTER TABLE ADD color (V2), then after DROP color, then ADD size.
+# The items table of test_pipeline_faults after ALTER TABLE ADD color (V2), then DROP color, then ADD size.
 V3 = V2 + "\nALTER TABLE app.items DROP color USING TIMESTAMP 1714979289123456;"
 V4 = V3 + "\nALTER TABLE app.items ADD size int;"
 
@@ -52,42 +52,42 @@ DEBEZIUM_COLUMN = [("name", "string", False), ("jdbcType", "int32", False), ("na
                    ("enumValues", "array", True)]
 
 
-def config(server: str = "prod", **settings: Any) -> PipelineConfig:
+def offline_config(server: str = "prod", **settings: Any) -> PipelineConfig:
+    """A pipeline's configuration, for what reaches no Kafka."""
     return load_config(None, {"server": server, "checkpoint": "/unused", "kafka.bootstrap_servers": "k:9092",
                               **settings})
 
 
 def test_key_and_value_have_debeziums_schemas() -> None:
-    encoder = SchemaChangeEncoder(config())
+    encoder = SchemaChangeEncoder(offline_config())
     key = json.loads(encoder.key("shop"))
-    assert key == {"schema": {"type": "struct", "fields": [{"type": "string", "optional": False,
-                                                            "field": "databaseName"}],
-                              "optional": False, "name": "io.debezium.connector.cassandra_cdc.SchemaChangeKey",
-                              "version": 1},
+    fields = [{"type": "string", "optional": False, "field": "databaseName"}]
+    assert key == {"schema": {"type": "struct", "fields": fields, "optional": False,
+                              "name": "io.debezium.connector.cassandra_cdc.SchemaChangeKey", "version": 1},
                    "payload": {"databaseName": "shop"}}
     schema = json.loads(encoder.value(RECORD, ORDERS, "CREATE", 1714979290000))["schema"]
     assert (schema["name"], schema["version"]) == ("io.debezium.connector.cassandra_cdc.SchemaChangeValue", 1)
     assert _shape(schema["fields"]) == DEBEZIUM_VALUE
     assert _shape(schema["fields"][0]["fields"]) == DEBEZIUM_SOURCE_COMMON + OUR_SOURCE_FIELDS
     change = schema["fields"][5]["items"]
-    assert (change["name"], change["version"], change["optional"]) == ("io.debezium.connector.schema.Change", 1,
-                                                                        False)
+    assert (change["name"], change["version"], change["optional"]) == (
+        "io.debezium.connector.schema.Change", 1, False)
     assert _shape(change["fields"]) == DEBEZIUM_CHANGE
     table = change["fields"][2]
     assert (table["name"], table["version"]) == ("io.debezium.connector.schema.Table", 1)
     assert _shape(table["fields"]) == DEBEZIUM_TABLE
     assert table["fields"][1]["items"] == {"type": "string", "optional": False}
     column = table["fields"][2]["items"]
-    assert (column["name"], column["version"], column["optional"]) == ("io.debezium.connector.schema.Column", 1,
-                                                                        False)
+    assert (column["name"], column["version"], column["optional"]) == (
+        "io.debezium.connector.schema.Column", 1, False)
     assert _shape(column["fields"]) == DEBEZIUM_COLUMN
 
 
 def test_value_describes_the_table_version() -> None:
-    payload = json.loads(SchemaChangeEncoder(config(cluster="main")).value(RECORD, ORDERS, "ALTER",
-                                                                           1714979290000))["payload"]
-    assert {k: payload["source"][k] for k in ("connector", "name", "ts_ms", "db", "cluster", "keyspace", "table",
-                                              "node", "segment", "position")} == {
+    encoder = SchemaChangeEncoder(offline_config(cluster="main"))
+    payload = json.loads(encoder.value(RECORD, ORDERS, "ALTER", 1714979290000))["payload"]
+    assert {k: payload["source"][k] for k in ("connector", "name", "ts_ms", "db", "cluster", "keyspace",
+                                              "table", "node", "segment", "position")} == {
         "connector": "cassandra_cdc", "name": "prod", "ts_ms": 1714979289123, "db": "shop", "cluster": "main",
         "keyspace": "shop", "table": "orders", "node": "node2", "segment": None, "position": None}
     assert (payload["ts_ms"], payload["databaseName"], payload["schemaName"], payload["ddl"]) == (
@@ -111,11 +111,12 @@ def test_value_describes_the_table_version() -> None:
 def test_avro_records_read_back_with_the_schemas_registered(monkeypatch: Any) -> None:
     registry = FakeRegistry()
     monkeypatch.setattr("cassandra_cdc.pipeline.schema_changes.SchemaRegistry", lambda settings: registry)
-    encoder = SchemaChangeEncoder(config(**{"output.format": "avro", "output.schema_registry_url": "http://r"}))
+    encoder = SchemaChangeEncoder(offline_config(**{"output.format": "avro",
+                                                    "output.schema_registry_url": "http://r"}))
     assert registry.read(encoder.key("shop")) == {"databaseName": "shop"}
     value = registry.read(encoder.value(RECORD, ORDERS, "CREATE", 1714979290000))
-    assert value == json.loads(SchemaChangeEncoder(config()).value(RECORD, ORDERS, "CREATE",
-                                                                   1714979290000))["payload"]
+    json_value = SchemaChangeEncoder(offline_config()).value(RECORD, ORDERS, "CREATE", 1714979290000)
+    assert value == json.loads(json_value)["payload"]
     assert list(registry.subjects) == ["prod-key", "prod-value"]
     record = registry.subjects["prod-value"]
     assert (record["namespace"], record["name"], record["connect.name"]) == (
@@ -142,16 +143,18 @@ def changes(bootstrap: str, server: str) -> list[tuple[str, list[str]]]:
 V1_COLUMNS = ["id", "name", "qty"]
 
 
-def test_each_table_version_once_across_pipeline_restarts(real_kafka: Any, spark: Any, tmp_path: Path) -> None:
+def test_each_table_version_once_across_pipeline_restarts(real_kafka: Any, spark: Any,
+                                                          tmp_path: Path) -> None:
     server = "ddl"
     bootstrap = real_kafka.bootstrap_servers
     publisher = RawPublisher(bootstrap, server)
-    settings = {"server": server, "checkpoint": str(tmp_path / "checkpoint"), "kafka.bootstrap_servers": bootstrap,
-                "spark.trigger_interval": "500 milliseconds"}
+    settings = {"server": server, "checkpoint": str(tmp_path / "checkpoint"),
+                "kafka.bootstrap_servers": bootstrap, "spark.trigger_interval": "500 milliseconds"}
     try:
         v1 = publisher.schema(V1)  # each version from two nodes, as their agents publish it
         publish_version(publisher, V1, "node2")
-        publisher.write(v1, Insert("app.items", {"id": 1, "name": "cup", "qty": 2}, timestamp=time.time_ns() // 1000))
+        publisher.write(v1, Insert("app.items", {"id": 1, "name": "cup", "qty": 2},
+                                   timestamp=time.time_ns() // 1000))
         query = start(spark, load_config(None, settings))
         try:
             assert wait_for(lambda: changes(bootstrap, server) == [("CREATE", V1_COLUMNS)])

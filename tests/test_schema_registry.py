@@ -1,7 +1,7 @@
 """The schema registry client (confluent-kafka's, with basic auth and TLS) as the Avro encoder uses it,
 against a real registry speaking the Confluent API (Apicurio Registry, ``SchemaRegistryServer``) over HTTPS
-with a certificate made here and HTTP basic authentication: events (and schema changes) encoded by the pipeline are
-registered there and read back through it, as a consumer of the topics does."""
+with a certificate made here and HTTP basic authentication: events and schema changes encoded by the
+pipeline are registered there and read back through it, as a consumer of the topics does."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder
 from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings
 from conftest import require_jvm_artifacts
 from test_events import ROW, SOURCE, TABLE
-from test_schema_changes import ORDERS, RECORD, config
+from test_schema_changes import ORDERS, RECORD, offline_config
 
 USER, PASSWORD = "cdc-pipeline", "registry: secret"
 
@@ -71,17 +71,17 @@ def test_schema_changes_register_and_read_back(registry: Registry) -> None:
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    encoder = SchemaChangeEncoder(config(**{"output.format": "avro", "output.schema_registry.url": registry.url,
-                                            "output.schema_registry.username": USER,
-                                            "output.schema_registry.password": PASSWORD,
-                                            "output.schema_registry.ca_file": str(registry.ca)}))
+    encoder = SchemaChangeEncoder(offline_config(**{
+        "output.format": "avro", "output.schema_registry.url": registry.url,
+        "output.schema_registry.username": USER, "output.schema_registry.password": PASSWORD,
+        "output.schema_registry.ca_file": str(registry.ca)}))
     decode = AvroDeserializer(registry_client(registry))
     key = decode(encoder.key("shop"), SerializationContext("prod", MessageField.KEY))
     value = decode(encoder.value(RECORD, ORDERS, "CREATE", 1714979290000),
                    SerializationContext("prod", MessageField.VALUE))
     assert key == {"databaseName": "shop"}
-    assert value == json.loads(SchemaChangeEncoder(config()).value(RECORD, ORDERS, "CREATE",
-                                                                   1714979290000))["payload"]
+    json_value = SchemaChangeEncoder(offline_config()).value(RECORD, ORDERS, "CREATE", 1714979290000)
+    assert value == json.loads(json_value)["payload"]
 
 
 def test_a_wrong_registry_password_is_refused(registry: Registry) -> None:

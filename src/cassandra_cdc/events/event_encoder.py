@@ -20,8 +20,8 @@ import orjson
 
 from ..kafka import event_topic
 from ..schema import ColumnKind, TableMetadata
-from .field_mapping import (FieldMapping, TypeModes, avro_field, avro_from_connect, avro_names, connect_schema,
-                            java_numbers)
+from .field_mapping import (FieldMapping, TypeModes, avro_field, avro_from_connect, avro_names,
+                            connect_schema, java_numbers)
 
 _CONNECTOR_VERSION = version("cassandra-cdc")
 
@@ -235,7 +235,8 @@ class EventEncoder:
 
 
 def avro_bytes(schema: Any, record: Any, schema_id: int) -> bytes:
-    """``record`` in the Confluent wire format with the registry's ``schema_id`` of the (parsed) ``schema``."""
+    """``record`` in the Confluent wire format, with the registry's ``schema_id`` of the (parsed)
+    ``schema``."""
     out = io.BytesIO()
     out.write(struct.pack(">bI", 0, schema_id))  # magic 0, schema id
     fastavro.schemaless_writer(out, schema, record)

@@ -76,8 +76,9 @@ COLUMN_SCHEMA = connect_schema("struct", name="io.debezium.connector.schema.Colu
     _optional("int32", "nativeType"), connect_schema("string", field="typeName"),
     _optional("string", "typeExpression"), _optional("string", "charsetName"), _optional("int32", "length"),
     _optional("int32", "scale"), connect_schema("int32", field="position"), _optional("boolean", "optional"),
-    _optional("boolean", "autoIncremented"), _optional("boolean", "generated"), _optional("string", "comment"),
-    _optional("string", "defaultValueExpression"), _strings("enumValues", optional=True)])
+    _optional("boolean", "autoIncremented"), _optional("boolean", "generated"),
+    _optional("string", "comment"), _optional("string", "defaultValueExpression"),
+    _strings("enumValues", optional=True)])
 TABLE_SCHEMA = connect_schema("struct", optional=True, name="io.debezium.connector.schema.Table", version=1,
                               field="table", fields=[
                                   _optional("string", "defaultCharsetName"),
@@ -150,8 +151,8 @@ class SchemaChangeEncoder:
         return self._key.encode({"databaseName": keyspace})
 
     def value(self, record: SchemaRecord, table: TableMetadata, change: ChangeType, ts_ms: int) -> bytes:
-        """The value of ``change`` to ``table`` (``record`` as the catalog holds it), written at ``ts_ms``; its
-        source's time is when an agent first published the version, its node that agent's."""
+        """The value of ``change`` to ``table`` (``record`` as the catalog holds it), written at ``ts_ms``;
+        its source's time is when an agent first published the version, its node that agent's."""
         source = Source(self._server, self._cluster, table.keyspace, table.name, record.ts_ms * 1000, False,
                         record.node, None, None)
         return self._value.encode({"source": source.as_dict(), "ts_ms": ts_ms, "databaseName": table.keyspace,
@@ -202,7 +203,8 @@ class SchemaChangePublisher:
                 tables.add(table_id)
                 producer.produce(self.topic, self._encoder.value(record, table, change, now_ms),
                                  self._encoder.key(table.keyspace), partition=0,
-                                 headers=[(TABLE_ID_HEADER, table_id.encode()), (VERSION_HEADER, version.encode())])
+                                 headers=[(TABLE_ID_HEADER, table_id.encode()),
+                                          (VERSION_HEADER, version.encode())])
             producer.commit_transaction(TIMEOUT)
         except Exception:
             self._drop_producer()  # fenced, or in a state unknown: the next call registers a new one
@@ -240,7 +242,8 @@ class SchemaChangePublisher:
                 "transactional.id": f"{self._sink.query_name}-schema-changes", "enable.idempotence": True,
                 "acks": "all"}))
             try:
-                # The metadata first, as TransactionalProducer asks it: the coordinator lookup then finds a broker.
+                # The metadata first, as TransactionalProducer asks it: then the coordinator lookup finds
+                # a broker.
                 self._producer.list_topics(timeout=TIMEOUT)
                 self._producer.init_transactions(TIMEOUT)
             except KafkaException:
