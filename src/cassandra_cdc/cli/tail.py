@@ -33,7 +33,8 @@ class _TailConfig(BaseModel):
 
 def tail(
     topic: Annotated[str, typer.Argument(help="The topic: <server>.<keyspace>.<table> (events), <server>.raw, "
-                                              "<server> (schemas) or <server>.errors.")],
+                                              "<server> (schema changes), <server>.table-schemas or "
+                                              "<server>.errors.")],
     bootstrap_servers: Annotated[Optional[str], typer.Option(
         help="Kafka bootstrap servers [default: the --config file's, else 127.0.0.1:9092].")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="The agent's or the pipeline's "
