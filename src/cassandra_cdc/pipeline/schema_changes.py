@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import warnings
 from typing import Any, Literal
 
 from confluent_kafka import KafkaException, Message, Producer
@@ -252,12 +253,13 @@ class SchemaChangePublisher:
         return self._producer
 
     def _drop_producer(self) -> None:
+        """Close the producer, which aborts its open transaction."""
         if self._producer is not None:
-            try:
-                self._producer.abort_transaction(TIMEOUT)
-            except KafkaException:
-                pass  # none open, or fenced: the broker ends it when the next producer registers
-            self._producer.close()
+            with warnings.catch_warnings():
+                # A fenced producer cannot abort (registering the id again ends its transaction): close()
+                # warns that it could not.
+                warnings.simplefilter("ignore", RuntimeWarning)
+                self._producer.close()
             self._producer = None
 
 
