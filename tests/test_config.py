@@ -87,6 +87,20 @@ def test_task_attempts_that_are_not_a_count_name_the_setting(tmp_path: Path) -> 
                 load_pipeline_config(path)
 
 
+def test_avro_without_a_schema_registry_is_refused(tmp_path: Path) -> None:
+    """Avro records without a registry's schema id are what no Kafka deserializer reads: refused at load."""
+    path = tmp_path / "pipeline.yaml"
+    base = f"server: s\ncheckpoint: {tmp_path / 'ck'}\nkafka: {{bootstrap_servers: 'k:9092'}}\n"
+    path.write_text(base + "output: {format: avro}\n")
+    with pytest.raises(ConfigError) as raised:
+        load_pipeline_config(path)
+    assert str(raised.value) == (f"{path}: output: format avro needs a schema registry: set "
+                                 "output.schema_registry_url (or output.schema_registry)")
+    for registry in ("schema_registry_url: 'http://r:8081'", "schema_registry: {url: 'http://r:8081'}"):
+        path.write_text(base + f"output: {{format: avro, {registry}}}\n")
+        assert load_pipeline_config(path).output.registry_client_settings() == {"url": "http://r:8081"}
+
+
 def test_every_problem_on_its_own_line_without_secret_values(tmp_path: Path) -> None:
     path = tmp_path / "pipeline.yaml"
     path.write_text("server: prod1\ncheckpoint: /tmp/ckpt\nkafka: {bootstrap_servers: 'k:9092', "

@@ -1,5 +1,6 @@
-"""The events as Kafka Connect's own JsonConverter (4.3, schemas enabled) reads them: accepted, and written
-back byte for byte, so that ``json`` events are exactly what the converter itself would write."""
+"""The events and schema changes as Kafka Connect's own JsonConverter (4.3, schemas enabled) reads them:
+accepted, and written back byte for byte, so that ``json`` records are exactly what the converter itself
+would write."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import decimal
 from cassandra.util import Duration
 from test_events import (COMPOSITE_VALUES, COMPOSITES, NAMED, NAMED_VALUES, NUMBERS, ROW, SOURCE,
                          STATIC_SCHEMA, TABLE, _driver_row, _static_only_row)
+from test_schema_changes import ORDERS, RECORD, offline_config
 
 from cassandra_cdc.events.event_encoder import EventEncoder
 from cassandra_cdc.events.field_mapping import TypeModes
+from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder
 
 ROUND_TRIP_PROGRAM = Path(__file__).parent / "jvm" / "JsonConverterRoundTrip.java"
 
@@ -32,7 +35,7 @@ def json_converter_round_trip(messages: list[bytes]) -> list[bytes | str]:
     return [line if line.startswith("ERROR") else base64.b64decode(line) for line in done.stdout.splitlines()]
 
 
-def test_the_json_converter_writes_our_events_back_unchanged() -> None:
+def test_the_json_converter_writes_our_events_and_schema_changes_back_unchanged() -> None:
     everything = EventEncoder("prod", TABLE, "json")
     expiry = SOURCE._replace(node=None, segment=None, position=None)
     messages = [everything.key(ROW), everything.value(None, ROW, "c", SOURCE, 1714979290000),
@@ -63,6 +66,9 @@ def test_the_json_converter_writes_our_events_back_unchanged() -> None:
                                           **{name: value for name, (value, _) in COMPOSITE_VALUES.items()}})
     messages.append(EventEncoder("prod", COMPOSITES, "json", modes=TypeModes(composite="json")).value(
         None, composites, "c", SOURCE, 1))
+    schema_changes = SchemaChangeEncoder(offline_config())
+    messages += [schema_changes.key("shop"), schema_changes.value(RECORD, ORDERS, "CREATE", 1714979290008),
+                 schema_changes.value(RECORD, ORDERS, "ALTER", 1714979290009)]
     written = json_converter_round_trip(messages)
     assert len(written) == len(messages)
     for message, back in zip(messages, written):

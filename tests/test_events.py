@@ -1,4 +1,4 @@
-"""Event encodings: Kafka Connect JSON as the JsonConverter writes it, and Avro (container or registry)."""
+"""Event encodings: Kafka Connect JSON as the JsonConverter writes it, and Avro through a schema registry."""
 
 from __future__ import annotations
 
@@ -137,10 +137,39 @@ def test_connect_json_bytes_are_those_of_one_compact_document() -> None:
         assert encoded == json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def test_avro_container_is_self_describing() -> None:
-    encoder = EventEncoder("prod", TABLE, "avro")
+class FakeRegistry:
+    """Stands in for the schema registry's HTTP API: an id per distinct schema, the latest schema of each
+    subject; ``read`` decodes a record of the Confluent wire format as a deserializer does, with the schema
+    of its id."""
+
+    def __init__(self) -> None:
+        self.subjects: dict[str, Any] = {}
+        self.schemas: list[Any] = []
+        self.requests = 0
+
+    def register(self, subject: str, schema: Any) -> int:
+        self.requests += 1
+        schema = json.loads(json.dumps(schema))  # what goes over HTTP is JSON text
+        if schema not in self.schemas:
+            self.schemas.append(schema)
+        self.subjects[subject] = schema
+        return self.schemas.index(schema) + 1
+
+    def read(self, encoded: bytes) -> Any:
+        magic, schema_id = struct.unpack(">bI", encoded[:5])
+        assert magic == 0
+        return fastavro.schemaless_reader(io.BytesIO(encoded[5:]), self.schemas[schema_id - 1])
+
+
+def avro_encoder(table: TableMetadata, modes: TypeModes = TypeModes()) -> tuple[EventEncoder, FakeRegistry]:
+    registry = FakeRegistry()
+    return EventEncoder("prod", table, "avro", registry, modes), registry  # type: ignore[arg-type]
+
+
+def test_avro_events_read_back_with_the_schemas_registered() -> None:
+    encoder, registry = avro_encoder(TABLE)
     before = dict(ROW, name="coffee")
-    record = next(fastavro.reader(io.BytesIO(encoder.value(before, ROW, "u", SOURCE, 1))))
+    record = registry.read(encoder.value(before, ROW, "u", SOURCE, 1))
     assert record["op"] == "u" and record["before"]["name"] == "coffee" and record["after"]["name"] == "tea"
     assert record["after"]["big"] == decimal.Decimal(10**30)  # Avro's decimal of scale 0
     assert record["after"]["price"] == {"scale": 4, "value": (123400).to_bytes(3, "big", signed=True)}
@@ -148,8 +177,24 @@ def test_avro_container_is_self_describing() -> None:
     assert record["after"]["id"] == str(ROW["id"])  # io.debezium.data.Uuid: a string
     assert record["after"]["at"] == datetime.datetime(2024, 5, 6, 7, 8, 9, 123000, tzinfo=datetime.timezone.utc)
     assert record["source"]["node"] == "node2"
-    key = next(fastavro.reader(io.BytesIO(encoder.key(ROW))))
+    key = registry.read(encoder.key(ROW))
     assert key == {"id": str(ROW["id"]), "seq": 7}
+
+
+def test_an_avro_truncation_has_a_key_that_reads_as_null_and_no_rows() -> None:
+    encoder, registry = avro_encoder(TABLE)
+    encoder.key(ROW)
+    assert registry.read(encoder.no_key()) is None
+    record = registry.read(encoder.value(None, None, "t", SOURCE, 1))
+    assert (record["op"], record["before"], record["after"]) == ("t", None, None)
+    # The same subject as the rows' keys, its schema the union of null and theirs.
+    assert registry.subjects["prod.shop.everything-key"][0] == "null"
+    assert registry.read(encoder.key(ROW)) == {"id": str(ROW["id"]), "seq": 7}
+
+
+def test_avro_needs_a_registry() -> None:
+    with pytest.raises(ValueError, match="Avro events need a schema registry"):
+        EventEncoder("prod", TABLE, "avro")
 
 
 def test_float_values_show_the_digits_cassandra_shows() -> None:
@@ -160,28 +205,15 @@ def test_float_values_show_the_digits_cassandra_shows() -> None:
     row = dict(ROW, ratio=decoded, embedding=[decoded, float_type.deserialize(struct.pack(">f", 0.1)), 2.5])
     text = EventEncoder("prod", TABLE, "json").value(None, row, "c", SOURCE, 1).decode()
     assert '"ratio":7.62,' in text and '"embedding":[7.62,0.1,2.5]' in text
-    avro = EventEncoder("prod", TABLE, "avro").value(None, row, "c", SOURCE, 1)
-    record = next(fastavro.reader(io.BytesIO(avro)))
+    encoder, registry = avro_encoder(TABLE)
+    record = registry.read(encoder.value(None, row, "c", SOURCE, 1))
     assert struct.pack(">f", record["after"]["ratio"]) == struct.pack(">f", 7.62)
-
-
-class FakeRegistry:
-    """Stands in for the schema registry's HTTP API: hands out ids per subject."""
-
-    def __init__(self) -> None:
-        self.subjects: dict[str, Any] = {}
-        self.requests = 0
-
-    def register(self, subject: str, schema: Any) -> int:
-        self.requests += 1
-        self.subjects.setdefault(subject, json.loads(json.dumps(schema)))  # what goes over HTTP is JSON text
-        return list(self.subjects).index(subject) + 1
 
 
 def test_avro_envelope_and_source_carry_the_connect_properties() -> None:
     """What Confluent's AvroConverter (AvroData.fromConnectSchema) writes for these Connect schemas."""
-    registry = FakeRegistry()
-    EventEncoder("prod", TABLE, "avro", registry).value(None, ROW, "c", SOURCE, 1)  # type: ignore[arg-type]
+    encoder, registry = avro_encoder(TABLE)
+    record = registry.read(encoder.value(None, ROW, "c", SOURCE, 7))
     record_schema = registry.subjects["prod.shop.everything-value"]
     assert record_schema["connect.version"] == 2
     assert record_schema["connect.name"] == "prod.shop.everything.Envelope"
@@ -200,15 +232,12 @@ def test_avro_envelope_and_source_carry_the_connect_properties() -> None:
     transaction = fields["transaction"]
     assert transaction["default"] is None and transaction["type"][0] == "null"
     assert (transaction["type"][1]["name"], transaction["type"][1]["namespace"]) == ("block", "event")
-    record = next(fastavro.reader(io.BytesIO(EventEncoder("prod", TABLE, "avro").value(None, ROW, "c",
-                                                                                       SOURCE, 7))))
     assert record["transaction"] is None and record["ts_ns"] == 7_000_000
     assert record["source"]["db"] == "shop" and record["source"]["ts_ms"] == 1714979289123
 
 
 def test_avro_with_a_registry_uses_the_confluent_wire_format() -> None:
-    registry = FakeRegistry()
-    encoder = EventEncoder("prod", TABLE, "avro", registry)  # type: ignore[arg-type]
+    encoder, registry = avro_encoder(TABLE)
     value = encoder.value(ROW, None, "d", SOURCE, 1)
     magic, schema_id = struct.unpack(">bI", value[:5])
     assert magic == 0 and schema_id == 1 and list(registry.subjects) == ["prod.shop.everything-value"]
@@ -220,13 +249,12 @@ def test_avro_with_a_registry_uses_the_confluent_wire_format() -> None:
     assert encoder.value(None, ROW, "c", SOURCE, 2)[:5] == value[:5] and registry.requests == 1
 
 
-@pytest.mark.parametrize("fmt", ["json", "avro"])
-def test_null_columns_stay_null(fmt: str) -> None:
-    encoder = EventEncoder("prod", TABLE, fmt)  # type: ignore[arg-type]
+def test_null_columns_stay_null() -> None:
     sparse = {"id": ROW["id"], "seq": 1}
-    value = encoder.value(None, sparse, "c", SOURCE, 1)
-    after = (json.loads(value)["payload"] if fmt == "json" else next(fastavro.reader(io.BytesIO(value))))["after"]
-    assert after["seq"] == 1 and after["name"] is None and after["tags"] is None
+    encoder, registry = avro_encoder(TABLE)
+    in_json = json.loads(EventEncoder("prod", TABLE).value(None, sparse, "c", SOURCE, 1))["payload"]
+    for after in (in_json["after"], registry.read(encoder.value(None, sparse, "c", SOURCE, 1))["after"]):
+        assert after["seq"] == 1 and after["name"] is None and after["tags"] is None
 
 
 STATIC_SCHEMA = parse_schema("""
@@ -245,19 +273,10 @@ def _static_only_row(table: TableMetadata, key: dict[str, Any], statics: dict[st
     return row
 
 
-def _avro_round_trips(table: TableMetadata, row: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
-    """The key and the ``after`` of an insert of ``row``, encoded in Avro and read back: from an object
-    container, then from the registry's wire format."""
-    container = EventEncoder("prod", table, "avro")
-    decoded = [(next(fastavro.reader(io.BytesIO(container.key(row)))),
-                next(fastavro.reader(io.BytesIO(container.value(None, row, "c", SOURCE, 1))))["after"])]
-    registry = FakeRegistry()
-    registered = EventEncoder("prod", table, "avro", registry)  # type: ignore[arg-type]
-    key, value = registered.key(row), registered.value(None, row, "c", SOURCE, 1)
-    key_schema, value_schema = (registry.subjects[f"{registered.topic}-{part}"] for part in ("key", "value"))
-    decoded.append((fastavro.schemaless_reader(io.BytesIO(key[5:]), key_schema),
-                    fastavro.schemaless_reader(io.BytesIO(value[5:]), value_schema)["after"]))
-    return decoded
+def _avro_round_trip(table: TableMetadata, row: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    """The key and the ``after`` of an insert of ``row``, encoded in Avro and read back."""
+    encoder, registry = avro_encoder(table)
+    return registry.read(encoder.key(row)), registry.read(encoder.value(None, row, "c", SOURCE, 1))["after"]
 
 
 @pytest.mark.parametrize(("table_name", "key", "statics", "expected_key", "expected_after"), [
@@ -273,8 +292,7 @@ def test_a_static_only_row_has_null_clustering_columns_in_its_key(
     table = STATIC_SCHEMA.table("shop", table_name)
     assert table is not None
     row = _static_only_row(table, key, statics)
-    for decoded_key, after in _avro_round_trips(table, row):
-        assert decoded_key == expected_key and after == expected_after
+    assert _avro_round_trip(table, row) == (expected_key, expected_after)
     encoder = EventEncoder("prod", table, "json")
     document = json.loads(encoder.key(row))
     assert document["payload"] == expected_key
@@ -331,9 +349,10 @@ def _check_avro_names(schema: Any, namespace: str, defined: set[str]) -> None:
 def test_avro_defines_each_named_type_once_and_names_fields_validly() -> None:
     assert NAMED is not None
     row = _driver_row(NAMED, NAMED_VALUES)
-    encoder = EventEncoder("prod", NAMED, "avro")
-    for encoded in (encoder.key(row), encoder.value(None, row, "c", SOURCE, 1)):
-        _check_avro_names(json.loads(fastavro.reader(io.BytesIO(encoded)).metadata["avro.schema"]), "", set())
+    encoder, registry = avro_encoder(NAMED)
+    encoder.key(row), encoder.value(None, row, "c", SOURCE, 1)
+    for schema in registry.subjects.values():
+        _check_avro_names(schema, "", set())
     # Invalid characters become "_", and a name that another field has then gets a suffix.
     expected_key = {"Order_Id": 1, "_1st": 2,
                     "spot": {"Street_Name_2": "Main", "_2nd": 4, "Street_Name": "M"},
@@ -350,8 +369,7 @@ def test_avro_defines_each_named_type_once_and_names_fields_validly() -> None:
         # the first.
         "ints": {"field1": 3, "field2": [1, 2]}, "texts": {"field1": 4, "field2": ["x"]},
         "Weird_Name_2": "dash", "Weird_Name": "underscore"}
-    for decoded_key, after in _avro_round_trips(NAMED, row):
-        assert decoded_key == expected_key and after == expected_after
+    assert _avro_round_trip(NAMED, row) == (expected_key, expected_after)
 
 
 def test_connect_json_keeps_the_cql_names() -> None:
@@ -445,9 +463,9 @@ def test_nan_and_infinity_are_written_as_the_json_converter_writes_them() -> Non
     assert json.loads(EventEncoder("prod", NUMBERS, "json").value(None, row, "c", SOURCE,
                                                                   1))["payload"]["after"]["x"] \
         == "Infinity"
-    avro = next(fastavro.reader(io.BytesIO(EventEncoder("prod", NUMBERS, "avro").value(None, row, "c",
-                                                                                       SOURCE, 1))))
-    assert avro["after"]["x"] == float("inf")  # Avro's doubles hold them
+    encoder, registry = avro_encoder(NUMBERS)
+    # Avro's doubles hold them
+    assert registry.read(encoder.value(None, row, "c", SOURCE, 1))["after"]["x"] == float("inf")
 
 
 def test_logical_types_carry_their_versions() -> None:
@@ -459,8 +477,8 @@ def test_logical_types_carry_their_versions() -> None:
 
 
 def test_avro_types_carry_the_avro_converters_properties() -> None:
-    registry = FakeRegistry()
-    EventEncoder("prod", TABLE, "avro", registry).value(None, ROW, "c", SOURCE, 1)  # type: ignore[arg-type]
+    encoder, registry = avro_encoder(TABLE)
+    encoder.value(None, ROW, "c", SOURCE, 1)
     envelope = registry.subjects["prod.shop.everything-value"]
     row = {f["name"]: f["type"][1] for f in envelope["fields"][0]["type"][1]["fields"]}
     assert row["at"] == {"type": "long", "connect.version": 1,

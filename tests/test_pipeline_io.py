@@ -33,6 +33,8 @@ from cassandra_cdc.kafka.schema_records import SchemaRecord
 from cassandra_cdc.kafka.topic_names import schema_topics
 from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
                                          kafka_format_available)
+from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder
+from test_schema_changes import ORDERS, RECORD, offline_config
 
 
 def produce(broker, topic: str, records: list[tuple[int, bytes, bytes]]) -> None:
@@ -437,7 +439,7 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
 def test_the_catalog_reads_the_schemas_an_earlier_version_published_on_the_server_topic(real_kafka, caplog):
     """Versions before published the table schemas on ``<server>``: after an upgrade the catalog reads them
     there first, then ``<server>.table-schemas``, whose definitions replace them; records on ``<server>`` that
-    are not table schemas (Debezium's schema changes) are skipped without an error."""
+    are not table schemas (the pipeline's schema change events) are skipped without an error."""
     server = "upgraded"
     old, new = schema_topics(server)
     assert (old, new) == (server, f"{server}.table-schemas")
@@ -451,8 +453,8 @@ def test_the_catalog_reads_the_schemas_an_earlier_version_published_on_the_serve
 
         publish(old, "kept", ", a text")
         publish(old, "altered", ", a text")
-        producer.produce(old, json.dumps({"schema": {"type": "struct"}, "payload": {"ddl": "x"}}).encode(),
-                         b'{"payload":{"databaseName":"ks"}}')
+        changes = SchemaChangeEncoder(offline_config(server))  # a record as the pipeline writes it
+        producer.produce(old, changes.value(RECORD, ORDERS, "CREATE", 1), changes.key("shop"))
         publish(new, "altered", ", a text, b int")
         assert producer.flush(30) == 0
     catalog = SchemaCatalog(real_kafka.bootstrap_servers, (old, new))

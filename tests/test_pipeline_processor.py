@@ -13,7 +13,6 @@ import base64
 import copy
 import dataclasses
 import gc
-import io
 import itertools
 import json
 import pickle
@@ -21,7 +20,6 @@ import time
 import uuid
 from typing import Any, Iterator
 
-import fastavro
 import pandas as pd
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -218,9 +216,9 @@ class _Events:
         return values
 
 
-def started_processor(broker: Any, monkeypatch: Any, tables: list[Any], fmt: str = "json",
+def started_processor(broker: Any, monkeypatch: Any, tables: list[Any],
                       **settings: Any) -> tuple[ChangeProcessor, _MemoryHandle]:
-    """A processor writing ``fmt`` events, the definitions of ``tables`` on its schema topic; ``settings``
+    """A processor writing JSON events, the definitions of ``tables`` on its schema topic; ``settings``
     other ``ProcessorSettings``."""
     with Producer({"bootstrap.servers": broker.bootstrap_servers}) as producer:
         for table in tables:
@@ -229,7 +227,7 @@ def started_processor(broker: Any, monkeypatch: Any, tables: list[Any], fmt: str
     query = uuid.uuid4().hex  # each test writes as a query of its own: its markers are its own
     sink = SinkSettings(broker.bootstrap_servers, f"{SERVER}.commits", f"test-{query}", topic_partitions=1)
     processor_settings = ProcessorSettings(SERVER, SERVER, broker.bootstrap_servers, (SCHEMA_TOPIC,),
-                                           f"{SERVER}.errors", format=fmt, sink=sink,
+                                           f"{SERVER}.errors", sink=sink,
                                            **settings)  # type: ignore[arg-type]
     processor = ChangeProcessor(processor_settings)
     batch_ids = itertools.count()
@@ -421,30 +419,6 @@ def test_a_batch_whose_keys_alternate_between_pages_reads_and_writes_each_page_o
     events = run_batch(*processor, [copy for key in keys for copy in copies(
         Update("app.users", {"id": key}, {"age": 5}, timestamp=NOW + 5))])
     assert sorted((e["after"]["id"], e["before"]["age"]) for e in events) == [(key, 4) for key in keys]
-
-
-def test_avro_events_of_a_static_only_partition_decode_with_the_schema_they_carry(broker: Any, spark: Any,
-                                                                                   monkeypatch: Any) -> None:
-    """A partition with static values and no rows is a row with null clustering columns, in its key too."""
-    schema = parse_schema("""CREATE TABLE app.carts (id int, line int, owner text static, qty int,
-        PRIMARY KEY (id, line)) WITH ID = 7d0e7a10-0000-4000-8000-00000000000d AND cdc = true;""")
-    owner, handle = started_processor(broker, monkeypatch, [schema.table("app", "carts")], fmt="avro")
-    try:
-        update = MutationSerializer.serialize(Mutation(to_mutation(
-            Update("app.carts", {"id": 1}, {"owner": "ann"}, timestamp=NOW), schema).updates), 7)[1:]
-        records = [(record_key(update), RawRecord(node, 1, 100, 7, NOW, update).encode())
-                   for node in ("node1", "node2")]
-        frame = kafka_rows(records)
-        owner.init(handle)
-        list(owner.handleInputRows((0,), iter([frame]), _Clock()))
-        owner.close()
-        [value] = owner.events.read(f"{SERVER}.app.carts")  # type: ignore[attr-defined]
-        event = next(fastavro.reader(io.BytesIO(value)))
-        assert (event["op"], event["before"], event["after"]) == (
-            "c", None, {"id": 1, "line": None, "owner": "ann", "qty": None})
-    finally:
-        owner.close()
-        owner.events.close()  # type: ignore[attr-defined]
 
 
 CARTS = parse_schema("""CREATE TABLE app.carts (id int, line int, owner text static, qty int,
@@ -786,25 +760,6 @@ def test_a_group_stored_whole_with_its_truncations_keeps_them_once_paged(process
     assert [(e["op"], e["before"]["age"], e["after"]["age"]) for e in events] == [("u", 30, 31)]
     _, _, _, truncations, truncation_events = pickle.loads(handle.values[(0,)].value[0])
     assert list(truncations) == [table_id] and truncation_events == {table_id: truncated_ms}
-
-
-def test_avro_truncation_events_carry_no_rows(broker: Any, spark: Any, monkeypatch: Any) -> None:
-    table = SCHEMA.table("app", "users")
-    owner, handle = started_processor(broker, monkeypatch, [table], fmt="avro")
-    try:
-        handle.current = (0,)
-        owner.init(handle)
-        list(owner.handleInputRows((0,), iter([kafka_rows(truncation_copies(NOW // 1000))]), _Clock()))
-        owner.close()
-        [value] = owner.events.read(f"{SERVER}.app.users")  # type: ignore[attr-defined]
-        event = next(fastavro.reader(io.BytesIO(value)))
-        assert (event["op"], event["before"], event["after"], event["source"]["ts_ms"]) == (
-            "t", None, None, NOW // 1000)
-        [key] = owner.events.keys  # type: ignore[attr-defined]
-        assert list(fastavro.reader(io.BytesIO(key))) == [None]
-    finally:
-        owner.close()
-        owner.events.close()  # type: ignore[attr-defined]
 
 
 # A step of one raw partition's records: a write of a key (its kind, its time in seconds after NOW, how many

@@ -1,10 +1,11 @@
 """The schema registry client (confluent-kafka's, with basic auth and TLS) as the Avro encoder uses it,
 against a real registry speaking the Confluent API (Apicurio Registry, ``SchemaRegistryServer``) over HTTPS
-with a certificate made here and HTTP basic authentication: events encoded by the pipeline's encoder are
-registered there and read back through it, as a consumer of the topics does."""
+with a certificate made here and HTTP basic authentication: events and schema changes encoded by the
+pipeline are registered there and read back through it, as a consumer of the topics does."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
 
@@ -13,9 +14,11 @@ import pytest
 from cassandra_cdc.events.event_encoder import EventEncoder, SchemaRegistry
 from cassandra_cdc.localcluster.artifacts import registry_application
 from cassandra_cdc.localcluster.certificates import CertificateAuthority
+from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder
 from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings
 from conftest import require_jvm_artifacts
 from test_events import ROW, SOURCE, TABLE
+from test_schema_changes import ORDERS, RECORD, offline_config
 
 USER, PASSWORD = "cdc-pipeline", "registry: secret"
 
@@ -61,6 +64,24 @@ def test_avro_events_register_through_basic_auth_over_tls_and_read_back(registry
     event = AvroDeserializer(client)(value, SerializationContext("prod.shop.everything", MessageField.VALUE))
     assert event["op"] == "c" and event["before"] is None
     assert event["source"]["table"] == "everything" and event["after"] is not None
+
+
+def test_schema_changes_register_and_read_back(registry: Registry) -> None:
+    """The schema change records in Avro (records, arrays of records) as a consumer decodes them."""
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    encoder = SchemaChangeEncoder(offline_config(**{
+        "output.format": "avro", "output.schema_registry.url": registry.url,
+        "output.schema_registry.username": USER, "output.schema_registry.password": PASSWORD,
+        "output.schema_registry.ca_file": str(registry.ca)}))
+    decode = AvroDeserializer(registry_client(registry))
+    key = decode(encoder.key("shop"), SerializationContext("prod", MessageField.KEY))
+    value = decode(encoder.value(RECORD, ORDERS, "CREATE", 1714979290000),
+                   SerializationContext("prod", MessageField.VALUE))
+    assert key == {"databaseName": "shop"}
+    json_value = SchemaChangeEncoder(offline_config()).value(RECORD, ORDERS, "CREATE", 1714979290000)
+    assert value == json.loads(json_value)["payload"]
 
 
 def test_a_wrong_registry_password_is_refused(registry: Registry) -> None:

@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict
 from ..kafka.security import KafkaConnection
 from ..kafka.topic_names import schema_topics
 
-AVRO_CONTAINER_MAGIC = b"Obj\x01"
 DEFAULT_BOOTSTRAP_SERVERS = "127.0.0.1:9092"
 
 
@@ -34,7 +33,8 @@ class _TailConfig(BaseModel):
 
 def tail(
     topic: Annotated[str, typer.Argument(help="The topic: <server>.<keyspace>.<table> (events), <server>.raw, "
-                                              "<server> (schemas) or <server>.errors.")],
+                                              "<server> (schema changes), <server>.table-schemas or "
+                                              "<server>.errors.")],
     bootstrap_servers: Annotated[Optional[str], typer.Option(
         help="Kafka bootstrap servers [default: the --config file's, else 127.0.0.1:9092].")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", "-c", help="The agent's or the pipeline's "
@@ -127,8 +127,6 @@ def _line(message: Any) -> str:
     if value is None:
         return f"tombstone {key_text(key_row, None) if isinstance(key_row, dict) else _text(key)}"
     document = _json(value)
-    if document is None and value.startswith(AVRO_CONTAINER_MAGIC):
-        document = {"payload": _avro_container(value)}
     payload = document.get("payload") if isinstance(document, dict) else None
     if isinstance(payload, dict) and "op" in payload:
         key_columns = list(key_row) if isinstance(key_row, dict) else None
@@ -156,14 +154,6 @@ def _text(data: bytes | None) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return "0x" + data.hex()
-
-
-def _avro_container(value: bytes) -> Any:
-    import io
-
-    import fastavro
-
-    return next(iter(fastavro.reader(io.BytesIO(value))), None)
 
 
 class _RawPrinter:

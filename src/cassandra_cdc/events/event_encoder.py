@@ -3,8 +3,8 @@
 ``AbstractSourceInfoStructMaker``).
 
 Two encodings: Kafka Connect JSON (``{"schema": …, "payload": …}``, as the JsonConverter writes it
-with schemas enabled) and Avro (Confluent wire format with a schema registry, otherwise a
-self-describing Avro object container holding one record). Reference: ``docs/events.md``.
+with schemas enabled) and Avro in the Confluent wire format, its schemas registered with a schema registry
+(the one form of Avro that Kafka's deserializers read). Reference: ``docs/events.md``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import orjson
 
 from ..kafka import event_topic
 from ..schema import ColumnKind, TableMetadata
-from .field_mapping import FieldMapping, TypeModes, avro_field, avro_names, connect_schema, java_numbers
+from .field_mapping import (FieldMapping, TypeModes, avro_field, avro_from_connect, avro_names,
+                            connect_schema, java_numbers)
 
 _CONNECTOR_VERSION = version("cassandra-cdc")
 
@@ -109,6 +110,7 @@ class EventEncoder:
 
     def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
                  schema_registry: "SchemaRegistry | None" = None, modes: TypeModes = TypeModes()) -> None:
+        """``schema_registry``: where the Avro schemas are registered (Avro only, and required there)."""
         self.table = table
         self.topic = event_topic(server, table.qualified_name)
         self.format = fmt
@@ -136,6 +138,8 @@ class EventEncoder:
             self._no_key_document = ConnectDocument(key_schema | {"optional": True})
             self._value_document = ConnectDocument(value_schema)
         else:
+            if schema_registry is None:
+                raise ValueError("Avro events need a schema registry")
             namespace = _avro_namespace(self._name)
             key_schema = self._avro_columns("Key", namespace, self._key_columns)
             row = self._avro_columns("Value", namespace, self._value_columns)
@@ -225,21 +229,45 @@ class EventEncoder:
 
     def _avro(self, schema: Any, record: dict[str, Any] | None, use: str) -> bytes:
         schema_id = self._schema_ids.get(use)
-        if schema_id is None and self._registry is not None:  # registered once per encoder, not per event
+        if schema_id is None:  # registered once per encoder, not per event
             schema_id = self._schema_ids[use] = self._registry.register(*self._declared[use])
         return avro_bytes(schema, record, schema_id)
 
 
-def avro_bytes(schema: Any, record: Any, schema_id: int | None) -> bytes:
-    """``record`` in the Confluent wire format with the registry's ``schema_id`` of the (parsed) ``schema``;
-    without a registry (``schema_id`` None), an object container: the schema travels along."""
+def avro_bytes(schema: Any, record: Any, schema_id: int) -> bytes:
+    """``record`` in the Confluent wire format, with the registry's ``schema_id`` of the (parsed)
+    ``schema``."""
     out = io.BytesIO()
-    if schema_id is None:
-        fastavro.writer(out, schema, [record])
-        return out.getvalue()
     out.write(struct.pack(">bI", 0, schema_id))  # magic 0, schema id
     fastavro.schemaless_writer(out, schema, record)
     return out.getvalue()
+
+
+class StructEncoder:
+    """Records of one Connect struct schema in an events' format: Connect JSON as the JsonConverter writes
+    it, or Avro as Confluent's AvroConverter does (``avro_from_connect``), registered under ``subject`` at
+    the first record. For records besides the events: heartbeats, schema changes."""
+
+    def __init__(self, schema: dict[str, Any], fmt: Format, subject: str,
+                 schema_registry: "SchemaRegistry | None") -> None:
+        self._document: ConnectDocument | None = None
+        if fmt == "json":
+            self._document = ConnectDocument(schema)
+            return
+        if schema_registry is None:
+            raise ValueError("Avro records need a schema registry")
+        self._registry = schema_registry
+        self._subject = subject
+        self._declared = avro_from_connect(schema)
+        self._parsed = fastavro.parse_schema(self._declared)
+        self._schema_id: int | None = None
+
+    def encode(self, payload: dict[str, Any]) -> bytes:
+        if self._document is not None:
+            return self._document.encode(payload)
+        if self._schema_id is None:
+            self._schema_id = self._registry.register(self._subject, self._declared)
+        return avro_bytes(self._parsed, payload, self._schema_id)
 
 
 class ConnectDocument:

@@ -215,8 +215,8 @@ def connect_schema(type_: str, *, optional: bool = False, name: str | None = Non
 
 
 def avro_from_connect(schema: dict[str, Any]) -> Any:
-    """The Avro schema of a Connect schema (primitives and structs) as Confluent's AvroConverter writes it
-    (``AvroData.fromConnectSchema``): ``connect.doc``, ``connect.version``, ``connect.parameters``,
+    """The Avro schema of a Connect schema (primitives, arrays and structs) as Confluent's AvroConverter
+    writes it (``AvroData.fromConnectSchema``): ``connect.doc``, ``connect.version``, ``connect.parameters``,
     ``connect.default``, ``connect.name`` properties, Avro's logical type for Connect's, a struct a record
     named by its Connect name, an optional schema a union with null (null second when it has a default)."""
     type_ = schema["type"]
@@ -225,6 +225,8 @@ def avro_from_connect(schema: dict[str, Any]) -> Any:
         namespace, _, record_name = name.rpartition(".")
         base: dict[str, Any] = {"type": "record", "name": record_name, "namespace": namespace,
                                 "fields": [avro_field(field) for field in schema["fields"]]}
+    elif type_ == "array":
+        base = {"type": "array", "items": avro_from_connect(schema["items"])}
     else:
         base = {"type": _CONNECT_TO_AVRO[type_]}
     if name == "org.apache.kafka.connect.data.Decimal":

@@ -39,8 +39,10 @@ def admin_client(client_settings: Mapping[str, Any]) -> AdminClient:
 
 
 def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bool]], timeout: float, *,
-                          replication_factor: int = -1) -> None:
-    """Create those of ``topics`` (name -> (partitions, compacted)) that do not exist.
+                          replication_factor: int = -1,
+                          configs: Mapping[str, Mapping[str, str]] | None = None) -> None:
+    """Create those of ``topics`` (name -> (partitions, compacted)) that do not exist, with the topic
+    settings of ``configs`` (name -> settings) besides.
 
     Existing topics are left as they are, also one another client creates meanwhile. The replication
     factor is the broker's default unless given. Returns once the leader of each partition of each topic
@@ -51,7 +53,8 @@ def create_missing_topics(admin: AdminClient, topics: Mapping[str, tuple[int, bo
     """
     existing = admin.list_topics(timeout=timeout).topics
     wanted = [NewTopic(name, num_partitions=partitions, replication_factor=replication_factor,
-                       config={"cleanup.policy": "compact"} if compacted else {})
+                       config={**({"cleanup.policy": "compact"} if compacted else {}),
+                               **(configs or {}).get(name, {})})
               for name, (partitions, compacted) in topics.items() if name not in existing]
     if not wanted:
         return

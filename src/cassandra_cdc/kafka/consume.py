@@ -3,13 +3,14 @@ commit log, the schema catalog, ``cassandra-cdc tail`` and the demo's event feed
 
 - ``consume_range``: the records of one partition's offsets ``[start, end)``, in chunks;
 - ``consume_available``: what the consumer has queued, without waiting for a count that may never come;
-- ``PauseAtEnd``: pauses the partitions read to their end, so an idle consumer does not busy-fetch.
+- ``PauseAtEnd``: pauses the partitions read to their end, so an idle consumer does not busy-fetch;
+- ``TopicFollower``: a topic's records to its end once, then only those added since, each time asked.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -128,5 +129,63 @@ class PauseAtEnd:
         return all(place in self.paused for place in partitions)
 
 
+class TopicFollower:
+    """Reads topics to their end once, then only what was added since, each time it is asked: for small
+    topics read again and again (the schema catalog, the schema change topic). The consumer (created on
+    first use, again after ``close``) needs ``enable.partition.eof``."""
+
+    def __init__(self, settings: dict[str, Any], timeout: float) -> None:
+        self._settings = settings
+        self._timeout = timeout
+        self._consumer: Consumer | None = None
+        self._next: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
+
+    def read(self, topic: str, handle: Callable[[Message], None]) -> bool:
+        """``handle`` each record of ``topic`` added since the last read, in each partition's order;
+        return whether there were any. A topic that does not exist has none."""
+        consumer = self._consumer
+        if consumer is None:
+            consumer = self._consumer = Consumer(self._settings)
+        metadata = consumer.list_topics(topic, timeout=self._timeout).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            if metadata is not None and metadata.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise KafkaException(metadata.error)
+            return False
+        ends = {}
+        for partition in metadata.partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                       timeout=self._timeout, cached=False)
+            start = max(self._next.get((topic, partition), 0), low)
+            if high > start:
+                ends[partition] = high
+                self._next[topic, partition] = start
+        if not ends:
+            return False
+        consumer.assign([TopicPartition(topic, partition, self._next[topic, partition])
+                         for partition in ends])
+        try:
+            while ends:
+                for message in consume_available(consumer, 1000):
+                    partition, error = message.partition(), message.error()
+                    if message.topic() != topic or partition not in ends:
+                        continue
+                    if error is None:
+                        handle(message)
+                        self._next[topic, partition] = message.offset() + 1
+                    elif error.code() != KafkaError._PARTITION_EOF:
+                        continue  # librdkafka retries by itself
+                    # The end can be a compacted-away record or a transaction marker: EOF ends it too.
+                    if error is not None or self._next[topic, partition] >= ends[partition]:
+                        del ends[partition]
+        finally:
+            consumer.unassign()
+        return True
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+
 __all__ = ["CONSUME_BATCH", "CONSUME_WAIT", "DataLossError", "END_CHECK_SECONDS", "KafkaSourceError",
-           "PauseAtEnd", "consume_available", "consume_range"]
+           "PauseAtEnd", "TopicFollower", "consume_available", "consume_range"]

@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Message
 
 from ..schema import Schema, TableMetadata
-from .consume import consume_available
+from .consume import TopicFollower
 from .schema_records import SchemaRecord
 
 log = logging.getLogger(__name__)
@@ -36,15 +36,17 @@ class SchemaCatalog:
     _shared: ClassVar[dict[str, "SchemaCatalog"]] = {}
 
     def __init__(self, bootstrap_servers: str, topics: tuple[str, ...],
-                 consumer: dict[str, Any] | None = None) -> None:
-        self._settings = {"bootstrap.servers": bootstrap_servers, "group.id": "cassandra-cdc-schema-reader",
-                          "enable.auto.commit": False, "enable.auto.offset.store": False,
-                          "enable.partition.eof": True, "isolation.level": "read_committed", **(consumer or {})}
+                 consumer: dict[str, Any] | None = None,
+                 on_record: Callable[[SchemaRecord, TableMetadata], None] | None = None) -> None:
+        """``on_record``: called with each schema record read, in the topics' order, and its table."""
+        settings = {"bootstrap.servers": bootstrap_servers, "group.id": "cassandra-cdc-schema-reader",
+                    "enable.auto.commit": False, "enable.auto.offset.store": False,
+                    "enable.partition.eof": True, "isolation.level": "read_committed", **(consumer or {})}
         self.topics = topics
         self.schema = Schema()
         self._versions: dict[uuid.UUID, str] = {}
-        self._consumer: Consumer | None = None
-        self._next: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
+        self._follower = TopicFollower(settings, TIMEOUT_SECONDS)
+        self._on_record = on_record
 
     @classmethod
     def shared(cls, bootstrap_servers: str, topics: tuple[str, ...],
@@ -79,54 +81,14 @@ class SchemaCatalog:
 
     def refresh(self) -> bool:
         """Read what was added to the topics since the last refresh; return whether anything was."""
-        consumer = self._consumer
-        if consumer is None:
-            consumer = self._consumer = Consumer(self._settings)
-        added = [self._read_topic(consumer, topic) for topic in self.topics]
+        added = [self._follower.read(topic, self._add) for topic in self.topics]
         return any(added)
 
-    def _read_topic(self, consumer: Consumer, topic: str) -> bool:
-        metadata = consumer.list_topics(topic, timeout=TIMEOUT_SECONDS).topics.get(topic)
-        if metadata is None or metadata.error is not None:
-            if metadata is not None and metadata.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise KafkaException(metadata.error)
-            return False  # no agent has published a schema there yet
-        ends = {}
-        for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                       timeout=TIMEOUT_SECONDS, cached=False)
-            start = max(self._next.get((topic, partition), 0), low)
-            if high > start:
-                ends[partition] = high
-                self._next[topic, partition] = start
-        if not ends:
-            return False
-        consumer.assign([TopicPartition(topic, partition, self._next[topic, partition])
-                         for partition in ends])
-        try:
-            while ends:
-                for message in consume_available(consumer, 1000):
-                    partition, error = message.partition(), message.error()
-                    if message.topic() != topic or partition not in ends:
-                        continue
-                    if error is None:
-                        self._add(message.value())
-                        self._next[topic, partition] = message.offset() + 1
-                    elif error.code() != KafkaError._PARTITION_EOF:
-                        continue  # librdkafka retries by itself
-                    # The end can be a compacted-away record or a transaction marker: EOF ends it too.
-                    if error is not None or self._next[topic, partition] >= ends[partition]:
-                        del ends[partition]
-        finally:
-            consumer.unassign()
-        return True
-
     def close(self) -> None:
-        if self._consumer is not None:
-            self._consumer.close()
-            self._consumer = None
+        self._follower.close()
 
-    def _add(self, value: bytes | None) -> None:
+    def _add(self, message: Message) -> None:
+        value = message.value()
         if not value:
             return
         if not SchemaRecord.looks_like_one(value):
@@ -139,3 +101,5 @@ class SchemaCatalog:
             return
         self.schema.add_table(table)
         self._versions[table.id] = record.version
+        if self._on_record is not None:
+            self._on_record(record, table)

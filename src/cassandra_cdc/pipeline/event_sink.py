@@ -485,10 +485,13 @@ class BatchCommitLog:
             self.remember(key, marker.get("query_id"), batch_id)
 
 
-def ensure_topic(settings: dict[str, Any], topic: str, partitions: int, compacted: bool = False) -> None:
-    """Create ``topic`` unless it exists (replication: the broker's default)."""
+def ensure_topic(settings: dict[str, Any], topic: str, partitions: int, compacted: bool = False,
+                 config: dict[str, str] | None = None) -> None:
+    """Create ``topic`` unless it exists (replication: the broker's default), with the topic settings
+    ``config``."""
     try:
-        create_missing_topics(AdminClient(settings), {topic: (partitions, compacted)}, TIMEOUT)
+        create_missing_topics(AdminClient(settings), {topic: (partitions, compacted)}, TIMEOUT,
+                              configs={topic: config or {}})
     except TopicCreationFailed as error:
         raise SinkError(str(error)) from error
 

@@ -17,11 +17,10 @@ import threading
 import time
 from typing import Any
 
-import fastavro
 from confluent_kafka import Producer
 from pyspark.sql.streaming import StreamingQuery
 
-from ..events.event_encoder import ConnectDocument, SchemaRegistry, avro_bytes
+from ..events.event_encoder import SchemaRegistry, StructEncoder
 from ..events.field_mapping import connect_schema
 from .event_sink import SinkSettings, ensure_topic
 from .pipeline_config import PipelineConfig
@@ -38,50 +37,26 @@ def heartbeat_topic(config: PipelineConfig) -> str:
 
 
 class HeartbeatEncoder:
-    """A heartbeat's key and value in the events' format (Connect JSON, or Avro with or without a
+    """A heartbeat's key and value in the events' format (Connect JSON, or Avro through the schema
     registry)."""
 
     def __init__(self, config: PipelineConfig) -> None:
         self.topic = heartbeat_topic(config)
         self._server = config.server
-        self._json = config.output.format == "json"
-        if self._json:
-            self._key = ConnectDocument(connect_schema(
-                "struct", fields=[connect_schema("string", optional=False, field="serverName")],
-                optional=False, name=KEY_SCHEMA_NAME, version=SCHEMA_VERSION))
-            self._value = ConnectDocument(connect_schema(
-                "struct", fields=[connect_schema("int64", optional=False, field="ts_ms")],
-                optional=False, name=VALUE_SCHEMA_NAME, version=SCHEMA_VERSION))
-            return
-        registry_settings = config.output.registry_client_settings()
-        registry = SchemaRegistry(registry_settings) if registry_settings else None
-        self._registry = registry
-        self._avro = {use: self._avro_record(name, field, kind)
-                      for use, name, field, kind in (("key", KEY_SCHEMA_NAME, "serverName", "string"),
-                                                     ("value", VALUE_SCHEMA_NAME, "ts_ms", "long"))}
-        self._parsed = {use: fastavro.parse_schema(schema) for use, schema in self._avro.items()}
-        self._ids: dict[str, int] = {}
+        registry = None if config.output.format == "json" else SchemaRegistry(
+            config.output.registry_client_settings())
+        self._key = StructEncoder(connect_schema(
+            "struct", fields=[connect_schema("string", field="serverName")], name=KEY_SCHEMA_NAME,
+            version=SCHEMA_VERSION), config.output.format, f"{self.topic}-key", registry)
+        self._value = StructEncoder(connect_schema(
+            "struct", fields=[connect_schema("int64", field="ts_ms")], name=VALUE_SCHEMA_NAME,
+            version=SCHEMA_VERSION), config.output.format, f"{self.topic}-value", registry)
 
     def key(self) -> bytes:
-        payload = {"serverName": self._server}
-        return self._key.encode(payload) if self._json else self._encode_avro("key", payload)
+        return self._key.encode({"serverName": self._server})
 
     def value(self, ts_ms: int) -> bytes:
-        payload = {"ts_ms": ts_ms}
-        return self._value.encode(payload) if self._json else self._encode_avro("value", payload)
-
-    @staticmethod
-    def _avro_record(name: str, field: str, kind: str) -> dict[str, Any]:
-        """The record Confluent's AvroConverter makes of the Connect struct (with ``connect.*``)."""
-        namespace, _, short_name = name.rpartition(".")
-        return {"type": "record", "name": short_name, "namespace": namespace,
-                "fields": [{"name": field, "type": kind}],
-                "connect.version": SCHEMA_VERSION, "connect.name": name}
-
-    def _encode_avro(self, use: str, payload: dict[str, Any]) -> bytes:
-        if self._registry is not None and use not in self._ids:
-            self._ids[use] = self._registry.register(f"{self.topic}-{use}", self._avro[use])
-        return avro_bytes(self._parsed[use], payload, self._ids.get(use))
+        return self._value.encode({"ts_ms": ts_ms})
 
 
 class Heartbeats:

@@ -99,9 +99,8 @@ class SchemaRegistrySettings(_Section):
 class OutputSettings(_Section):
     format: Literal["json", "avro"] = Field("json", description="Kafka Connect JSON (schema + payload) or Avro.")
     schema_registry_url: str | None = Field(None, description="Avro: register schemas here and use the "
-                                                              "Confluent wire format; without a registry, "
-                                                              "self-describing Avro. Short for "
-                                                              "schema_registry.url.")
+                                                              "Confluent wire format (Avro needs a "
+                                                              "registry). Short for schema_registry.url.")
     schema_registry: SchemaRegistrySettings | None = Field(
         None, description="Avro: the schema registry, with its login and TLS.")
     tombstones: bool = Field(
@@ -128,6 +127,10 @@ class OutputSettings(_Section):
         "nested", description="user types, tuples and collections holding those or collections: nested "
                               "(structs, arrays, maps) or json (io.debezium.data.Json: the text of CQL's "
                               "toJson, which Debezium's JDBC sink writes into a json column).")
+    include_schema_changes: bool = Field(
+        True, description="Debezium's include.schema.changes: write a schema change event (Debezium's "
+                          "SchemaChangeKey/SchemaChangeValue) to the <server> topic for each version of a "
+                          "table the agents publish, once.")
     heartbeat_interval_ms: int = Field(
         0, ge=0, description="Debezium's heartbeat.interval.ms: while the pipeline runs, write a heartbeat "
                              "(key {serverName}, value {ts_ms}, Debezium's schemas) to "
@@ -141,6 +144,10 @@ class OutputSettings(_Section):
     def _one_registry(self) -> "OutputSettings":
         if self.schema_registry_url is not None and self.schema_registry is not None:
             raise ValueError("give schema_registry_url or schema_registry.url, not both")
+        # Avro without a registry has no form that Kafka's deserializers read (they take a schema id).
+        if self.format == "avro" and self.schema_registry_url is None and self.schema_registry is None:
+            raise ValueError("format avro needs a schema registry: set output.schema_registry_url "
+                             "(or output.schema_registry)")
         return self
 
     def registry_client_settings(self) -> dict[str, str]:

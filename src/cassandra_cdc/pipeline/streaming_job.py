@@ -31,6 +31,7 @@ from .event_sink import SinkSettings, partitions_committed
 from .heartbeat import Heartbeats
 from .kafka_source import KafkaDataSource, SourceOptions
 from .pipeline_metrics import PipelineMetrics, PipelineTally
+from .schema_changes import SchemaChanges
 from .spark_session import kafka_format_available, session_master, spark_session
 
 log = logging.getLogger(__name__)
@@ -271,6 +272,12 @@ def start(spark: SparkSession, config: PipelineConfig,
              .start())
     if config.output.heartbeat_interval_ms:
         Heartbeats(config, sink_settings(config), query).start()
+    if config.output.include_schema_changes:
+        if config.schema_topic == config.server:  # the catalog is there: no schema changes among its records
+            log.warning("no schema change events: the schema topic is %s, the schema change topic",
+                        config.server)
+        else:
+            SchemaChanges(config, sink_settings(config), query).start()
     return query
 
 
