@@ -5,7 +5,8 @@ Confluent API) and read by Apicurio's AvroConverter. Three simulated replicas' a
 produce the events on a real Kafka broker (the JSON events first, then, from the same raw topic, the Avro
 ones with other handling modes: one pipeline query at a time); the PostgreSQL tables must then hold what
 the simulator's model of the writes says the Cassandra tables hold (computed from the CQL operations, not
-from our events), after a TRUNCATE (one applied from each format) and after TTL expiries too."""
+from our events), counters and vectors included, after a TRUNCATE (one applied from each format) and after
+TTL expiries too."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from conftest import require_jvm_artifacts, start_agents
 from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings, load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import start
 from cassandra_cdc.schema import parse_schema
-from cassandra_cdc.simulator import Cluster, DeletePartition, DeleteRow, Insert, Update
+from cassandra_cdc.simulator import Cluster, CounterAdd, DeletePartition, DeleteRow, Insert, Update
 
 SERVER = "sink"
 AVRO_SERVER = "sinkavro"  # the Avro events' topics: sinkavro.shop.<table>
@@ -59,8 +60,13 @@ CREATE TABLE shop.expiring (id int PRIMARY KEY, v text, n int)
     WITH ID = 7c3e0000-0000-4000-8000-00000000000a AND cdc = true;
 CREATE TABLE shop.drafts (id int PRIMARY KEY, body text) WITH ID = 7c3e0000-0000-4000-8000-00000000000b
     AND cdc = true;
+CREATE TABLE shop.vectors (id int PRIMARY KEY, v vector<float, 3>)
+    WITH ID = 7c3e0000-0000-4000-8000-00000000000c AND cdc = true;
+CREATE TABLE shop.tallies (id int PRIMARY KEY, hits counter, misses counter)
+    WITH ID = 7c3e0000-0000-4000-8000-00000000000d AND cdc = true;
 """
 TABLES = ("kinds", "orders")  # also behind ExtractNewRecordState
+COUNTERS = "tallies"  # counter columns: their summed values, incremented in several statements
 # Truncated once their rows are in PostgreSQL: notes from the JSON events (then written again), drafts from
 # the Avro ones (the Avro pipeline starts after the truncation of notes and replays it with the rows written
 # before and after it, all in Kafka before the sink reads them, on different partitions: the sink, which
@@ -86,10 +92,11 @@ TAKEN: dict[str, tuple[Any, Any]] = {
     "homes": (("main", 1), {"street": "main", "zip": 1}),
     "pairs": ((1, "x"), [1, "x"]),
     "grids": ([[1, 2], [3]], [[1, 2], [3]]),
+    "vectors": ([1.5, -2.0, 0.25], [1.5, -2.0, 0.25]),
 }
 COMPOSITES = ("homes", "pairs", "grids")
 # The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
-AVRO_TABLES = (*TABLES, EXPIRING, "wide", *COMPOSITES, AVRO_TRUNCATED)
+AVRO_TABLES = (*TABLES, EXPIRING, COUNTERS, "wide", *COMPOSITES, AVRO_TRUNCATED)
 PROBES = {table: value for table, (value, _) in (REFUSED | TAKEN).items()}
 JDBC_SINK = "io.debezium.connector.jdbc.JdbcSinkConnector"
 PENDING_SEGMENTS = "cassandra_cdc_agent_segments_pending"
@@ -147,6 +154,8 @@ def operations(first_timestamp: int, expiry: int) -> list[Any]:
         Update("shop.orders", key={"id": 1, "line": 2}, set={"qty": 4}, timestamp=at()),
         *[Insert(f"shop.{table}", values={"id": 1, "v": value}, timestamp=at())
           for table, value in PROBES.items()],
+        *[CounterAdd(f"shop.{COUNTERS}", key={"id": key}, column=column, delta=delta, timestamp=at())
+          for key, column, delta in ((1, "hits", 5), (1, "hits", 3), (1, "misses", -2), (2, "hits", 1))],
         *[Insert(f"shop.{table}", values={"id": index, "body": f"before {index}"}, timestamp=at())
           for table in (TRUNCATED, AVRO_TRUNCATED) for index in range(1, 4)]]
 
@@ -253,7 +262,8 @@ def connectors(jdbc_url: str, avro: Mapping[str, str]) -> dict[str, dict[str, st
             "tasks.max": "1"}
     topics = [f"{SERVER}.shop.{table}" for table in TABLES]
     return {"tables": {**sink, "topics": ",".join([*topics, *(f"{SERVER}.shop.{table}"
-                                                              for table in (TRUNCATED, EXPIRING, *TAKEN))])},
+                                                              for table in (TRUNCATED, EXPIRING, COUNTERS,
+                                                                            *TAKEN))])},
             "unwrapped": {**sink, "topics": ",".join(topics), "collection.name.format": "unwrapped_${topic}",
                           "transforms": "unwrap",
                           "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
@@ -375,6 +385,7 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                                  for key, row in expected.items()})
                 for table, (_, stored) in TAKEN.items():
                     assert_rows(f"{SERVER}_shop_{table}", ["id"], {(1,): {"id": 1, "v": stored}})
+                assert_rows(f"{SERVER}_shop_{COUNTERS}", ["id"], expected_rows(cluster, COUNTERS))
                 for table, (_, error) in REFUSED.items():
                     trace = wait_until(lambda: worker.failures().get(f"{table}/0"),
                                        f"the task of {table} to fail", timeout=60, step=0.5)
@@ -410,7 +421,7 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                     "output.schema_registry.username": REGISTRY_USER,
                     "output.schema_registry.password": REGISTRY_PASSWORD,
                     "output.heartbeat_interval_ms": 1000}))
-                for table in (*TABLES, EXPIRING):
+                for table in (*TABLES, EXPIRING, COUNTERS):
                     key_columns = [c.name for c in schema.table("shop", table).primary_key]
                     assert_rows(f"{AVRO_SERVER}_shop_{table}", key_columns,
                                 expected_rows(cluster, table, plain_decimal))
