@@ -71,6 +71,18 @@ def records_by_node(bootstrap_servers: str, topic: str, table: bytes) -> collect
         bootstrap_servers, topic, table) if not is_truncation(value))
 
 
+def digests_by_node(bootstrap_servers: str, topic: str, table: bytes) -> dict[str, set[bytes]]:
+    """The writes to ``table`` (its id) each agent (node id) published to ``topic``, each as the digest of its
+    partition update (the replicas' copies of a write are the same bytes): a record published again after a
+    restart counts once."""
+    digests: dict[str, set[bytes]] = collections.defaultdict(set)
+    for _, value in raw_records(bootstrap_servers, topic, table):
+        if not is_truncation(value):
+            record = RawRecord.decode(value)
+            digests[record.node_id].add(record.digest)
+    return digests
+
+
 def truncations_by_node(bootstrap_servers: str, topic: str,
                         table: bytes) -> collections.Counter[tuple[str, int]]:
     """How many truncation records of ``table`` each agent (node id) has in each partition of ``topic``."""
