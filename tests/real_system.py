@@ -9,7 +9,7 @@ import json
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import yaml
 from cassandra import ConsistencyLevel
@@ -17,7 +17,7 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from cassandra_cdc.demo.cql_workload import key_columns
+from cassandra_cdc.demo.cql_workload import key_columns, table_rows
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
 from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, is_truncation
@@ -69,6 +69,18 @@ def records_by_node(bootstrap_servers: str, topic: str, table: bytes) -> collect
     """How many raw records of ``table``'s updates (its id) each agent (node id) has on ``topic``."""
     return collections.Counter(RawRecord.decode(value).node_id for _, value in raw_records(
         bootstrap_servers, topic, table) if not is_truncation(value))
+
+
+def digests_by_node(bootstrap_servers: str, topic: str, table: bytes) -> dict[str, set[bytes]]:
+    """The writes to ``table`` (its id) each agent (node id) published to ``topic``, each as the digest of its
+    partition update (the replicas' copies of a write are the same bytes): a record published again after a
+    restart counts once."""
+    digests: dict[str, set[bytes]] = collections.defaultdict(set)
+    for _, value in raw_records(bootstrap_servers, topic, table):
+        if not is_truncation(value):
+            record = RawRecord.decode(value)
+            digests[record.node_id].add(record.digest)
+    return digests
 
 
 def truncations_by_node(bootstrap_servers: str, topic: str,
@@ -177,3 +189,37 @@ def differences_of(events: list[dict[str, Any]], session: Any, keyspace: str, ta
     columns, expected = selected
     got = replay((("table", e) for e in events), "table", key_columns(session, keyspace, table))
     return compare_rows(got, expected, columns)
+
+
+def read_twice(events: list[dict[str, Any]]) -> list[str]:
+    """The events (as JSON) that are there more than once."""
+    seen = collections.Counter(json.dumps(e, sort_keys=True) for e in events)
+    return [event for event, count in seen.items() if count > 1]
+
+
+class Replayed(NamedTuple):
+    """Per table: its events (read_committed), its ``SELECT *`` (``table_rows``), how the events, replayed,
+    differ from it."""
+
+    events: dict[str, list[dict[str, Any]]]
+    selected: dict[str, tuple[list[str], dict[tuple[Any, ...], dict[str, Any]]]]
+    differences: dict[str, list[str]]
+
+
+def replayed_tables(bootstrap_servers: str, session: Any, keyspace: str, server: str, tables: list[str],
+                    timeout: float, children: list[ChildProcess]) -> Replayed:
+    """The tables' events against their ``SELECT *``, read again until the events differ in nothing or
+    ``timeout`` seconds have passed (then the differences left), ``children`` meanwhile checked to run."""
+    topics = {table: f"{server}.{keyspace}.{table}" for table in tables}
+    selected = {table: table_rows(session, keyspace, table) for table in tables}
+    deadline = time.monotonic() + timeout
+    while True:
+        read = consume_events(bootstrap_servers, list(topics.values()))
+        events = {table: read[topic] for table, topic in topics.items()}
+        differences = {table: differences_of(events[table], session, keyspace, table, selected[table])
+                       for table in tables}
+        if not any(differences.values()) or time.monotonic() > deadline:
+            return Replayed(events, selected, differences)
+        for child in children:
+            assert child.exit_code is None, f"{child.name} exited: {child.log_tail(30)}"
+        time.sleep(2)

@@ -12,7 +12,6 @@ replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from typing import Any
@@ -20,10 +19,9 @@ from typing import Any
 import pytest
 
 from cassandra_cdc.demo.cql_workload import CDC_TABLES as WORKLOAD_CDC_TABLES
-from cassandra_cdc.demo.cql_workload import (SHORT_TTL, Workload, late_table_statement, schema_statements,
-                                             table_rows)
-from real_system import (System, consume_events, differences_of, session_at_all, table_id, topic_exists,
-                         truncations_by_node, wait_for)
+from cassandra_cdc.demo.cql_workload import SHORT_TTL, Workload, late_table_statement, schema_statements
+from real_system import (System, consume_events, read_twice, replayed_tables, session_at_all, table_id,
+                         topic_exists, truncations_by_node, wait_for)
 
 KEYSPACE = "real_e2e"
 SERVER = "reale2e"
@@ -79,27 +77,18 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             wait_for(lambda: system.pipeline.ready, "the restarted pipeline", 180, system.children)
             timings["written"] = time.monotonic() - started
             time.sleep(SHORT_TTL + 2)  # every TTL has passed
-            topics = {table: f"{SERVER}.{KEYSPACE}.{table}" for table in [*CDC_TABLES, "plain"]}
-            tables = {table: table_rows(session, KEYSPACE, table) for table in CDC_TABLES}
-            deadline = time.monotonic() + CONVERGE_TIMEOUT
-            while True:
-                events = consume_events(real_kafka.bootstrap_servers, list(topics.values()))
-                differences = {
-                    table: differences_of(events[topics[table]], session, KEYSPACE, table, tables[table])
-                    for table in CDC_TABLES}
-                if not any(differences.values()) or time.monotonic() > deadline:
-                    break
-                for child in system.children:
-                    assert child.exit_code is None, f"{child.name} exited: {child.log_tail(30)}"
-                time.sleep(3)
+            events, tables, differences = replayed_tables(
+                real_kafka.bootstrap_servers, session, KEYSPACE, SERVER, CDC_TABLES, CONVERGE_TIMEOUT, system.children)
             timings["converged"] = time.monotonic() - started
-            plain_exists = topic_exists(real_kafka.bootstrap_servers, topics["plain"])
+            plain = f"{SERVER}.{KEYSPACE}.plain"
+            plain_exists = topic_exists(real_kafka.bootstrap_servers, plain)
+            events["plain"] = consume_events(real_kafka.bootstrap_servers, [plain])[plain]
             truncations = truncations_by_node(real_kafka.bootstrap_servers, f"{SERVER}.raw",
                                               table_id(session, KEYSPACE, "collections"))
         finally:
             system.stop()
     print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
-    return {"events": {table: events[topic] for table, topic in topics.items()}, "differences": differences,
+    return {"events": events, "differences": differences,
             "tables": tables, "plain_topic": plain_exists, "truncation_records": truncations,
             "nodes": [node.address for node in real_cassandra.nodes], "logs": system.logs()}
 
@@ -115,8 +104,7 @@ def test_each_tables_events_replay_to_what_select_returns(outcome, table):
 
 def test_no_event_is_read_twice(outcome):
     for table, events in outcome["events"].items():
-        seen = [json.dumps(e, sort_keys=True) for e in events]
-        duplicates = [e for e in set(seen) if seen.count(e) > 1]
+        duplicates = read_twice(events)
         assert duplicates == [], f"{table}: {len(duplicates)} events twice, first {duplicates[:3]}"
 
 
