@@ -59,8 +59,10 @@ run: install
 	$(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION)) $(ARGS)
 
 # CASSANDRA_CDC_REQUIRE_JVM: tests needing the fetched JVM artifacts fail instead of skipping without them.
+# TEST_WORKERS pytest-xdist workers: most of the suite's time is waiting for servers and micro-batches.
+TEST_WORKERS ?= 2
 test: install
-	CASSANDRA_CDC_REQUIRE_JVM=1 $(BIN)/python -m pytest
+	CASSANDRA_CDC_REQUIRE_JVM=1 $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 bench: install
 	$(BIN)/python benchmarks/commitlog_decode.py
