@@ -28,9 +28,10 @@ What a record costs in Python is kept to what only Python can do (decode, merge,
   its next expiry and its pickled merge state (see ``merge.py``). A batch reads and writes only the
   pages its records touch, and unpickles and pickles again only the partitions it touches, so that its
   cost and the bytes it writes to the checkpoint follow the batch, not the table; a group's
-  ``ValueState`` is a small index (the group's timer, each page's next expiry, its truncations). Pages
-  are state calls (one read, one write each, at a fraction of a millisecond): fewer, fuller pages make
-  large batches cheaper, more, smaller pages make small batches write less (``spark.state_pages``).
+  ``ValueState`` is a small index (the group's timer, each page's next expiry, its truncations). Each page
+  is a read and a write of the state store, its requests written ahead of their answers, many pages at once
+  (``state_requests.py``): fewer, fuller pages make large batches cheaper, more, smaller pages make small
+  batches read and write less (``spark.state_pages``).
 
 Truncation: a ``TRUNCATE`` reaches the raw topic as one truncation record per node and raw partition
 (``TruncationRecord``). Each group applies it as a deletion of every partition of the table it holds (in
@@ -80,6 +81,7 @@ from ..merge.reconcile import (PartitionState, RowChange, apply, delete_partitio
 from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
 from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
 from .pipeline_metrics import PipelineTally
+from .state_requests import MapStateRequests
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +96,12 @@ TRUNCATION_EVENTS_PARTITION = 0
 _PAGE_KEY_SCHEMA = StructType([StructField("page", IntegerType())])
 
 DEFAULT_STATE_PAGES = 256
-# Bytes of a group's pages a worker keeps read at once; beyond, the least recently used one is written back.
+# Bytes of a group's pages a worker keeps read at once; beyond, the least recently used ones are written back.
 PAGES_IN_MEMORY_BYTES = 64 << 20
+# Pages read in one exchange with the state server at most; fewer while a group's pages are large (as many as
+# fit in PAGES_IN_MEMORY_BYTES at the size of those read so far), and until one has been read.
+READ_AHEAD_PAGES = 4096
+FIRST_READ_AHEAD_PAGES = 16
 # Bytes of a group's records a worker holds to merge them in the order of their pages; beyond, those held
 # are merged and the next ones held anew.
 RECORDS_ORDERED_BYTES = 64 << 20
@@ -131,7 +137,7 @@ class ChangeProcessor(StatefulProcessor):
         # The index keeps the name and schema of the value that held a whole group before pages: a group
         # stored so is read from it, and paged as it is written again.
         self.index = handle.getValueState("partitions", _STATE_SCHEMA)
-        self.pages = handle.getMapState("pages", _PAGE_KEY_SCHEMA, _STATE_SCHEMA)
+        self.pages = MapStateRequests(handle.getMapState("pages", _PAGE_KEY_SCHEMA, _STATE_SCHEMA), "pages")
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topics,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
@@ -151,8 +157,10 @@ class ChangeProcessor(StatefulProcessor):
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         with self._aborted_on_failure(), collector_paused():
             partitions = self._load()
-            for record_key, value in in_page_order(self._records(rows), self.settings.state_pages):
-                self._apply(partitions, record_key, value, now_ms)
+            for records in in_page_order(self._records(rows), partitions.page_of):
+                for window in partitions.read_ahead(records):
+                    for record_key, value in window:
+                        self._apply(partitions, record_key, value, now_ms)
             self._save(partitions, now_ms)
         return iter(())
 
@@ -462,19 +470,20 @@ def page_of(partition_key: bytes, pages: int) -> int:
     return zlib.crc32(partition_key) % pages
 
 
-def in_page_order(records: Iterable[tuple[bytes, bytes]], pages: int) -> Iterator[tuple[bytes, bytes]]:
-    """A group's ``(key, value)`` records, those of each page together, pages in ascending order, so that a
-    batch reads and writes each page once, however many pages its records touch: read in offset order, a
-    group whose pages exceed ``PAGES_IN_MEMORY_BYTES`` would write back and read again a page for most of
-    its records.
+def in_page_order(records: Iterable[tuple[bytes, bytes]],
+                  page_of: Callable[[bytes], int]) -> Iterator[list[tuple[bytes, bytes]]]:
+    """A group's ``(key, value)`` records in runs, those of each page of a run together, pages in ascending
+    order, so that a batch reads and writes each page once, however many pages its records touch: read in
+    offset order, a group whose pages exceed ``PAGES_IN_MEMORY_BYTES`` would write back and read again a page
+    for most of its records.
 
     Only the order across partition keys changes (events of different keys have no order): the records of
     each key keep theirs (the sort is stable, and a key is on one page). A truncation record stays where it
-    was: the records before it are merged before it, those after it after it. At most
-    ``RECORDS_ORDERED_BYTES`` of records are held at once: beyond, the held ones are merged first.
+    was, a run of its own: the records before it are merged before it, those after it after it. A run holds
+    at most ``RECORDS_ORDERED_BYTES`` of records: beyond, the held ones are merged first.
     """
     def by_page(record: tuple[bytes, bytes]) -> int:
-        return page_of(record[0], pages)
+        return page_of(record[0])
 
     held: list[tuple[bytes, bytes]] = []
     held_bytes = 0
@@ -483,14 +492,15 @@ def in_page_order(records: Iterable[tuple[bytes, bytes]], pages: int) -> Iterato
         if not truncation:
             held.append((key, value))
             held_bytes += len(key) + len(value)
-        if truncation or held_bytes >= RECORDS_ORDERED_BYTES:
+        if (truncation or held_bytes >= RECORDS_ORDERED_BYTES) and held:
             held.sort(key=by_page)
-            yield from held
+            yield held
             held, held_bytes = [], 0
         if truncation:
-            yield key, value
-    held.sort(key=by_page)
-    yield from held
+            yield [(key, value)]
+    if held:
+        held.sort(key=by_page)
+        yield held
 
 
 def truncation_deletion(truncated_at_ms: int) -> Deletion:
@@ -512,11 +522,12 @@ def new_partition_state(partition_key: bytes, table: TableMetadata, truncation: 
 class PagedGroup:
     """The merge state of one group (raw topic partition), its partition keys spread over pages.
 
-    Pages are read as the batch's records reach them, each one state call, and kept as ``PartitionPage``s
-    until the batch's end, or until the pages read exceed ``PAGES_IN_MEMORY_BYTES``: then the least recently
-    used one is written back (a later record may read it again), so that a worker's memory does not follow
-    the size of the state. The index (the group's ``ValueState``) holds the group's timer, the next
-    expiry of each page that has one, so that a timer reads only the pages due, and the group's truncations.
+    Pages are read ahead of the records that need them (``read_ahead``), many in one exchange with the state
+    server, and kept as ``PartitionPage``s until the batch's end, or until the pages read exceed
+    ``PAGES_IN_MEMORY_BYTES``: then the least recently used ones are written back (a later record may read
+    them again), so that a worker's memory does not follow the size of the state. The index (the group's
+    ``ValueState``) holds the group's timer, the next expiry of each page that has one, so that a timer reads
+    only the pages due, and the group's truncations.
 
     Per truncated table (its id), the index keeps the deletion of its newest truncation, which every
     partition of the table the group holds or meets later is given, and, for the group that writes the
@@ -528,13 +539,15 @@ class PagedGroup:
     written to their pages, once, the first time the group is saved.
     """
 
-    def __init__(self, pages_state: Any, pages: int, stored_index: bytes | None,
+    def __init__(self, pages_state: MapStateRequests, pages: int, stored_index: bytes | None,
                  definition: Callable[[bytes], TableMetadata | None]) -> None:
         self._pages_state = pages_state
         self._pages = pages
         self._definition = definition  # a table's definition by id, to apply its truncation to a page read
         self._read: OrderedDict[int, tuple[PartitionPage, int]] = OrderedDict()  # page → (page, bytes read)
         self._read_bytes = 0
+        self._pages_loaded = 0
+        self._bytes_loaded = 0
         self.stored_index = stored_index
         self.timer: int | None = None  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
         self._expiries: dict[int, int] = {}  # page → its next expiry (seconds)
@@ -557,20 +570,61 @@ class PagedGroup:
                 self._read[page] = (PartitionPage({}, dict(self.truncations)), 0)
             self._read[page][0].stored[key] = value
 
+    def page_of(self, key: bytes) -> int:
+        return page_of(key, self._pages)
+
+    def read_ahead(self, records: list[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, bytes]]]:
+        """``records`` in windows, the pages of each read before it is yielded, in one exchange: as many
+        pages as fit in ``PAGES_IN_MEMORY_BYTES`` at the size of the pages read so far."""
+        start = 0
+        while start < len(records):
+            fit = self._pages_that_fit()
+            wanted: set[int] = set()
+            end = start
+            for key, value in records[start:]:
+                if not is_truncation(value):
+                    page = self.page_of(key)
+                    if page not in wanted and page not in self._read:
+                        if len(wanted) == fit:
+                            break
+                        wanted.add(page)
+                end += 1
+            self.read(wanted)
+            yield records[start:end]
+            start = end
+
+    def _pages_that_fit(self) -> int:
+        if not self._pages_loaded:
+            return FIRST_READ_AHEAD_PAGES
+        page_bytes = max(1, self._bytes_loaded // self._pages_loaded)
+        return max(1, min(READ_AHEAD_PAGES, PAGES_IN_MEMORY_BYTES // page_bytes))
+
+    def read(self, pages: Iterable[int]) -> None:
+        """Read those of ``pages`` not read yet, in one exchange with the state server, then write back the
+        least recently used of the others while the pages read exceed ``PAGES_IN_MEMORY_BYTES`` (those just
+        read are kept: ``read_ahead`` asks for as many as fit)."""
+        wanted = sorted(page for page in set(pages) if page not in self._read)
+        if not wanted:
+            return
+        for page, stored in zip(wanted, self._pages_state.get_all([(page,) for page in wanted])):
+            partitions = PartitionPage.load(None if stored is None else stored[0])
+            self._apply_truncations(partitions)
+            size = 0 if stored is None else len(stored[0])
+            self._read[page] = (partitions, size)
+            self._read_bytes += size
+            self._pages_loaded += 1
+            self._bytes_loaded += size
+        written_back = []
+        while self._read_bytes > PAGES_IN_MEMORY_BYTES and len(self._read) > len(wanted):
+            written_back.append(self._read.popitem(last=False))
+            self._read_bytes -= written_back[-1][1][1]
+        self._write_back(written_back)
+
     def _page(self, page: int) -> PartitionPage:
-        read = self._read.get(page)
-        if read is not None:
-            self._read.move_to_end(page)
-            return read[0]
-        stored = self._pages_state.getValue((page,))
-        partitions = PartitionPage.load(None if stored is None else stored[0])
-        self._apply_truncations(partitions)
-        size = 0 if stored is None else len(stored[0])
-        self._read[page] = (partitions, size)
-        self._read_bytes += size
-        while self._read_bytes > PAGES_IN_MEMORY_BYTES and len(self._read) > 1:
-            self._write_page(*self._read.popitem(last=False))
-        return partitions
+        if page not in self._read:
+            self.read((page,))
+        self._read.move_to_end(page)
+        return self._read[page][0]
 
     def _apply_truncations(self, page: PartitionPage) -> None:
         """Apply to a page just read the group's truncations it has not had yet."""
@@ -582,28 +636,35 @@ class PagedGroup:
             if table is not None:
                 page.truncate(table_id, deletion, table)
 
-    def _write_page(self, page: int, read: tuple[PartitionPage, int]) -> None:
-        partitions, size = read
-        self._read_bytes -= size
-        stored = partitions.dump()
-        expiry = partitions.earliest_expiry()
-        if expiry is None:
-            self._expiries.pop(page, None)
-        else:
-            self._expiries[page] = expiry
-        if stored is None:
-            self._pages_state.removeKey((page,))
-        else:
-            self._pages_state.updateValue((page,), (stored,))
+    def _write_back(self, pages: list[tuple[int, tuple[PartitionPage, int]]]) -> None:
+        """Write ``(page number, (page, bytes read))``s back, in one exchange with the state server (two
+        when some have no partitions left)."""
+        updated: list[tuple[tuple[int], tuple[bytes]]] = []
+        removed: list[tuple[int]] = []
+        for page, (partitions, _) in pages:
+            stored = partitions.dump()
+            expiry = partitions.earliest_expiry()
+            if expiry is None:
+                self._expiries.pop(page, None)
+            else:
+                self._expiries[page] = expiry
+            if stored is None:
+                removed.append((page,))
+            else:
+                updated.append(((page,), (stored,)))
+        if updated:
+            self._pages_state.update_all(updated)
+        if removed:
+            self._pages_state.remove_all(removed)
 
     def get(self, key: bytes) -> PartitionState | None:
-        return self._page(page_of(key, self._pages)).get(key)
+        return self._page(self.page_of(key)).get(key)
 
     def add(self, key: bytes, state: PartitionState) -> None:
-        self._page(page_of(key, self._pages)).add(key, state)
+        self._page(self.page_of(key)).add(key, state)
 
     def remove(self, key: bytes) -> None:
-        self._page(page_of(key, self._pages)).remove(key)
+        self._page(self.page_of(key)).remove(key)
 
     def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata) -> None:
         """Keep a truncation of a table, the table's newest, for its partitions held and to come, and apply
@@ -624,16 +685,22 @@ class PagedGroup:
 
     def due(self, now_seconds: int) -> Iterator[tuple[bytes, PartitionState]]:
         """The partitions whose stored expiry has come, opened: only the pages due are read."""
-        pages = {page for page, expiry in self._expiries.items() if expiry <= now_seconds}.union(self._read)
-        for page in sorted(pages):
-            partitions = self._page(page)
-            for key in partitions.due_keys(now_seconds):
-                yield key, partitions.get(key)  # type: ignore[misc]
+        pages = sorted({page for page, expiry in self._expiries.items() if expiry <= now_seconds}.union(self._read))
+        start = 0
+        while start < len(pages):
+            window = pages[start:start + self._pages_that_fit()]
+            self.read(window)
+            for page in window:
+                partitions = self._page(page)
+                for key in partitions.due_keys(now_seconds):
+                    yield key, partitions.get(key)  # type: ignore[misc]
+            start += len(window)
 
     def write_pages(self) -> None:
         """Write back every page read (the partitions opened pickled again)."""
-        while self._read:
-            self._write_page(*self._read.popitem(last=False))
+        self._write_back(list(self._read.items()))
+        self._read.clear()
+        self._read_bytes = 0
 
     def earliest_expiry(self) -> int | None:
         """The earliest expiry of the group's pages, once written back."""

@@ -1,0 +1,137 @@
+"""Many ``MapState`` reads or writes for one price: requests written ahead of their answers.
+
+Each call of PySpark's ``MapState`` is a blocking round trip to the task's state server in the JVM: the
+Python worker writes a request, waits, reads the answer. Most of a call's cost is that wait (the two
+processes taking turns), not the work on either side (benchmarks/RESULTS.md, "Pipelined state calls").
+The state server answers the requests of its socket one after the other, in order, so a worker that
+writes many requests before reading their answers pays the wait once for all of them.
+
+``MapStateRequests`` does that with the state client of the PySpark version it was tested with, and falls
+back to one call at a time for any other (or for a ``MapState`` that is not PySpark's). What it writes
+ahead is bounded so that neither side can wait on the other for ever: a window's requests fit in the
+socket's buffers whatever the answers' sizes (the server may block writing an answer only once it has read
+every request of the window), and the window's answers to writes are a few bytes each.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any, Iterable, Sequence
+
+import pyspark
+
+log = logging.getLogger(__name__)
+
+# The PySpark versions whose state client's protocol this module speaks (message version 0, a length and
+# a ``StateRequest``, answered by a length and a ``StateResponse``).
+PROTOCOL_VERSIONS = ("4.3.",)
+# Bytes of requests written ahead of reading their answers: under the smallest socket buffers a loopback
+# connection starts with (a 16 KiB send buffer, a 128 KiB receive buffer).
+WINDOW_BYTES = 32 << 10
+WINDOW_REQUESTS = 512
+_HEADER = struct.Struct(">ii")  # message version, length
+
+
+class StateRequestError(RuntimeError):
+    """The state server refused a request."""
+
+
+class MapStateRequests:
+    """``getValue``, ``updateValue`` and ``removeKey`` of a ``MapState`` for many keys at once."""
+
+    def __init__(self, state: Any, name: str) -> None:
+        self._state = state
+        self._name = name
+        client = getattr(state, "_mapStateClient", None)
+        api = getattr(client, "_stateful_processor_api_client", None)
+        self._client = client if _speaks_protocol(api) else None
+
+    @property
+    def pipelined(self) -> bool:
+        """Whether requests are written ahead of their answers (else: one call at a time)."""
+        return self._client is not None
+
+    def get_all(self, keys: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...] | None]:
+        """The values of ``keys``, in their order (None: no value)."""
+        if self._client is None:
+            return [self._state.getValue(key) for key in keys]
+        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
+        api, key_schema = self._client._stateful_processor_api_client, self._client.user_key_schema
+        answers = self._exchange(
+            message.StateRequest(stateVariableRequest=message.StateVariableRequest(
+                mapStateCall=message.MapStateCall(stateName=self._name, getValue=message.GetValue(
+                    userKey=api._serialize_to_bytes(key_schema, key))))).SerializeToString()
+            for key in keys)
+        return [api._deserialize_from_bytes(value) if value else None for value in answers]
+
+    def update_all(self, items: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
+        """Set the value of each ``(key, value)``."""
+        if self._client is None:
+            for key, value in items:
+                self._state.updateValue(key, value)
+            return
+        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
+        api = self._client._stateful_processor_api_client
+        key_schema, value_schema = self._client.user_key_schema, self._client.value_schema
+        self._exchange(
+            message.StateRequest(stateVariableRequest=message.StateVariableRequest(
+                mapStateCall=message.MapStateCall(stateName=self._name, updateValue=message.UpdateValue(
+                    userKey=api._serialize_to_bytes(key_schema, key),
+                    value=api._serialize_to_bytes(value_schema, value))))).SerializeToString()
+            for key, value in items)
+
+    def remove_all(self, keys: Iterable[tuple[Any, ...]]) -> None:
+        """Remove the values of ``keys``."""
+        if self._client is None:
+            for key in keys:
+                self._state.removeKey(key)
+            return
+        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
+        api, key_schema = self._client._stateful_processor_api_client, self._client.user_key_schema
+        self._exchange(
+            message.StateRequest(stateVariableRequest=message.StateVariableRequest(
+                mapStateCall=message.MapStateCall(stateName=self._name, removeKey=message.RemoveKey(
+                    userKey=api._serialize_to_bytes(key_schema, key))))).SerializeToString()
+            for key in keys)
+
+    def _exchange(self, requests: Iterable[bytes]) -> list[bytes]:
+        """Send ``requests`` in windows, each written whole before its answers are read; their answers'
+        values, in order. Every answer of a window is read before a refusal is raised, so that the
+        connection stays in step."""
+        api = self._client._stateful_processor_api_client  # type: ignore[union-attr]
+        values: list[bytes] = []
+        window: list[bytes] = []
+        window_bytes = 0
+        for request in requests:
+            window.append(request)
+            window_bytes += len(request)
+            if window_bytes >= WINDOW_BYTES or len(window) >= WINDOW_REQUESTS:
+                values.extend(self._send_window(api, window))
+                window, window_bytes = [], 0
+        if window:
+            values.extend(self._send_window(api, window))
+        return values
+
+    def _send_window(self, api: Any, window: list[bytes]) -> list[bytes]:
+        out = api.sockfile
+        for request in window:
+            out.write(_HEADER.pack(0, len(request)))
+            out.write(request)
+        out.flush()
+        answers = [api._receive_proto_message() for _ in window]
+        refused = [error for status, error, _ in answers if status != 0]
+        if refused:
+            raise StateRequestError(f"the state server refused {len(refused)} of {len(window)} requests to "
+                                    f"{self._name}: {refused[0]}")
+        return [value for _, _, value in answers]
+
+
+def _speaks_protocol(api: Any) -> bool:
+    if not pyspark.__version__.startswith(PROTOCOL_VERSIONS):
+        return False
+    return all(hasattr(api, name) for name in ("sockfile", "_receive_proto_message", "_serialize_to_bytes",
+                                               "_deserialize_from_bytes"))
+
+
+__all__ = ["MapStateRequests", "PROTOCOL_VERSIONS", "StateRequestError"]
