@@ -581,7 +581,8 @@ class PagedGroup:
             fit = self._pages_that_fit()
             wanted: set[int] = set()
             end = start
-            for key, value in records[start:]:
+            while end < len(records):
+                key, value = records[end]
                 if not is_truncation(value):
                     page = self.page_of(key)
                     if page not in wanted and page not in self._read:
