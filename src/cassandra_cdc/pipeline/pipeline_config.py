@@ -50,8 +50,8 @@ class SparkSettings(_Section):
                              description="Pages of merge state per raw topic partition: "
                              "a micro-batch reads and writes the pages its records touch; more pages make "
                              "small batches write less and large batches cost more state calls (fixed once a "
-                             "checkpoint exists). Measured: 256 suits up to ~100k partition keys, 65536 1M to "
-                             "10M keys, over 12 raw partitions (docs/pipeline.md, Sizing).")
+                             "checkpoint exists). Measured: 256 suits up to ~100k partition keys, 65536 ~1M, "
+                             "1048576 ~10M, over 12 raw partitions (docs/pipeline.md, Sizing).")
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 
