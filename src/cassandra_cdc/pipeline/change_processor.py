@@ -157,9 +157,9 @@ class ChangeProcessor(StatefulProcessor):
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         with self._aborted_on_failure(), collector_paused():
             partitions = self._load()
-            for records in in_page_order(self._records(rows), partitions.page_of):
+            for records in in_page_order(self._records(rows), self.settings.state_pages):
                 for window in partitions.read_ahead(records):
-                    for record_key, value in window:
+                    for _, record_key, value in window:
                         self._apply(partitions, record_key, value, now_ms)
             self._save(partitions, now_ms)
         return iter(())
@@ -471,36 +471,38 @@ def page_of(partition_key: bytes, pages: int) -> int:
 
 
 def in_page_order(records: Iterable[tuple[bytes, bytes]],
-                  page_of: Callable[[bytes], int]) -> Iterator[list[tuple[bytes, bytes]]]:
-    """A group's ``(key, value)`` records in runs, those of each page of a run together, pages in ascending
-    order, so that a batch reads and writes each page once, however many pages its records touch: read in
+                  pages: int) -> Iterator[list[tuple[int | None, bytes, bytes]]]:
+    """A group's ``(key, value)`` records in runs of ``(page, key, value)``, those of each page of a run
+    together, pages in ascending order, so that a batch reads and writes each page once, however many pages its records touch: read in
     offset order, a group whose pages exceed ``PAGES_IN_MEMORY_BYTES`` would write back and read again a page
     for most of its records.
 
     Only the order across partition keys changes (events of different keys have no order): the records of
     each key keep theirs (the sort is stable, and a key is on one page). A truncation record stays where it
-    was, a run of its own: the records before it are merged before it, those after it after it. A run holds
-    at most ``RECORDS_ORDERED_BYTES`` of records: beyond, the held ones are merged first.
+    was, a run of its own (its page None): the records before it are merged before it, those after it
+    after it. A run holds at most ``RECORDS_ORDERED_BYTES`` of records: beyond, the held ones are merged
+    first.
     """
-    def by_page(record: tuple[bytes, bytes]) -> int:
-        return page_of(record[0])
-
-    held: list[tuple[bytes, bytes]] = []
+    held: list[tuple[int | None, bytes, bytes]] = []
     held_bytes = 0
     for key, value in records:
         truncation = is_truncation(value)
         if not truncation:
-            held.append((key, value))
+            held.append((page_of(key, pages), key, value))
             held_bytes += len(key) + len(value)
         if (truncation or held_bytes >= RECORDS_ORDERED_BYTES) and held:
-            held.sort(key=by_page)
+            held.sort(key=_page_number)
             yield held
             held, held_bytes = [], 0
         if truncation:
-            yield [(key, value)]
+            yield [(None, key, value)]
     if held:
-        held.sort(key=by_page)
+        held.sort(key=_page_number)
         yield held
+
+
+def _page_number(record: tuple[int | None, bytes, bytes]) -> int | None:
+    return record[0]
 
 
 def truncation_deletion(truncated_at_ms: int) -> Deletion:
@@ -570,25 +572,21 @@ class PagedGroup:
                 self._read[page] = (PartitionPage({}, dict(self.truncations)), 0)
             self._read[page][0].stored[key] = value
 
-    def page_of(self, key: bytes) -> int:
-        return page_of(key, self._pages)
-
-    def read_ahead(self, records: list[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, bytes]]]:
-        """``records`` in windows, the pages of each read before it is yielded, in one exchange: as many
-        pages as fit in ``PAGES_IN_MEMORY_BYTES`` at the size of the pages read so far."""
+    def read_ahead(self, records: list[tuple[int | None, bytes, bytes]]
+                   ) -> Iterator[list[tuple[int | None, bytes, bytes]]]:
+        """A run of ``in_page_order`` in windows, the pages of each read before it is yielded, in one exchange:
+        as many pages as fit in ``PAGES_IN_MEMORY_BYTES`` at the size of the pages read so far."""
         start = 0
         while start < len(records):
             fit = self._pages_that_fit()
             wanted: set[int] = set()
             end = start
             while end < len(records):
-                key, value = records[end]
-                if not is_truncation(value):
-                    page = self.page_of(key)
-                    if page not in wanted and page not in self._read:
-                        if len(wanted) == fit:
-                            break
-                        wanted.add(page)
+                page = records[end][0]
+                if page is not None and page not in wanted and page not in self._read:
+                    if len(wanted) == fit:
+                        break
+                    wanted.add(page)
                 end += 1
             self.read(wanted)
             yield records[start:end]
@@ -617,8 +615,9 @@ class PagedGroup:
             self._bytes_loaded += size
         written_back = []
         while self._read_bytes > PAGES_IN_MEMORY_BYTES and len(self._read) > len(wanted):
-            written_back.append(self._read.popitem(last=False))
-            self._read_bytes -= written_back[-1][1][1]
+            page, (partitions, size) = self._read.popitem(last=False)
+            self._read_bytes -= size
+            written_back.append((page, partitions))
         self._write_back(written_back)
 
     def _page(self, page: int) -> PartitionPage:
@@ -637,12 +636,12 @@ class PagedGroup:
             if table is not None:
                 page.truncate(table_id, deletion, table)
 
-    def _write_back(self, pages: list[tuple[int, tuple[PartitionPage, int]]]) -> None:
-        """Write ``(page number, (page, bytes read))``s back, in one exchange with the state server (two
-        when some have no partitions left)."""
+    def _write_back(self, pages: list[tuple[int, PartitionPage]]) -> None:
+        """Write ``(page number, page)``s back, in one exchange with the state server (two when some have no
+        partitions left)."""
         updated: list[tuple[tuple[int], tuple[bytes]]] = []
         removed: list[tuple[int]] = []
-        for page, (partitions, _) in pages:
+        for page, partitions in pages:
             stored = partitions.dump()
             expiry = partitions.earliest_expiry()
             if expiry is None:
@@ -659,13 +658,13 @@ class PagedGroup:
             self._pages_state.remove_all(removed)
 
     def get(self, key: bytes) -> PartitionState | None:
-        return self._page(self.page_of(key)).get(key)
+        return self._page(page_of(key, self._pages)).get(key)
 
     def add(self, key: bytes, state: PartitionState) -> None:
-        self._page(self.page_of(key)).add(key, state)
+        self._page(page_of(key, self._pages)).add(key, state)
 
     def remove(self, key: bytes) -> None:
-        self._page(self.page_of(key)).remove(key)
+        self._page(page_of(key, self._pages)).remove(key)
 
     def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata) -> None:
         """Keep a truncation of a table, the table's newest, for its partitions held and to come, and apply
@@ -699,7 +698,7 @@ class PagedGroup:
 
     def write_pages(self) -> None:
         """Write back every page read (the partitions opened pickled again)."""
-        self._write_back(list(self._read.items()))
+        self._write_back([(page, partitions) for page, (partitions, _) in self._read.items()])
         self._read.clear()
         self._read_bytes = 0
 

@@ -57,12 +57,8 @@ class MapStateRequests:
         if self._client is None:
             return [self._state.getValue(key) for key in keys]
         from pyspark.sql.streaming.proto import StateMessage_pb2 as message
-        api, key_schema = self._client._stateful_processor_api_client, self._client.user_key_schema
-        answers = self._exchange(
-            message.StateRequest(stateVariableRequest=message.StateVariableRequest(
-                mapStateCall=message.MapStateCall(stateName=self._name, getValue=message.GetValue(
-                    userKey=api._serialize_to_bytes(key_schema, key))))).SerializeToString()
-            for key in keys)
+        api = self._client._stateful_processor_api_client
+        answers = self._exchange(self._request(getValue=message.GetValue(userKey=self._key(key))) for key in keys)
         return [api._deserialize_from_bytes(value) if value else None for value in answers]
 
     def update_all(self, items: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
@@ -72,14 +68,9 @@ class MapStateRequests:
                 self._state.updateValue(key, value)
             return
         from pyspark.sql.streaming.proto import StateMessage_pb2 as message
-        api = self._client._stateful_processor_api_client
-        key_schema, value_schema = self._client.user_key_schema, self._client.value_schema
-        self._exchange(
-            message.StateRequest(stateVariableRequest=message.StateVariableRequest(
-                mapStateCall=message.MapStateCall(stateName=self._name, updateValue=message.UpdateValue(
-                    userKey=api._serialize_to_bytes(key_schema, key),
-                    value=api._serialize_to_bytes(value_schema, value))))).SerializeToString()
-            for key, value in items)
+        api, value_schema = self._client._stateful_processor_api_client, self._client.value_schema
+        self._exchange(self._request(updateValue=message.UpdateValue(
+            userKey=self._key(key), value=api._serialize_to_bytes(value_schema, value))) for key, value in items)
 
     def remove_all(self, keys: Iterable[tuple[Any, ...]]) -> None:
         """Remove the values of ``keys``."""
@@ -88,12 +79,17 @@ class MapStateRequests:
                 self._state.removeKey(key)
             return
         from pyspark.sql.streaming.proto import StateMessage_pb2 as message
-        api, key_schema = self._client._stateful_processor_api_client, self._client.user_key_schema
-        self._exchange(
-            message.StateRequest(stateVariableRequest=message.StateVariableRequest(
-                mapStateCall=message.MapStateCall(stateName=self._name, removeKey=message.RemoveKey(
-                    userKey=api._serialize_to_bytes(key_schema, key))))).SerializeToString()
-            for key in keys)
+        self._exchange(self._request(removeKey=message.RemoveKey(userKey=self._key(key))) for key in keys)
+
+    def _key(self, key: tuple[Any, ...]) -> bytes:
+        client = self._client
+        return client._stateful_processor_api_client._serialize_to_bytes(client.user_key_schema, key)  # type: ignore[union-attr]
+
+    def _request(self, **call: Any) -> bytes:
+        """A ``StateRequest`` of one ``MapStateCall`` of this state (``call``: its one operation)."""
+        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
+        return message.StateRequest(stateVariableRequest=message.StateVariableRequest(
+            mapStateCall=message.MapStateCall(stateName=self._name, **call))).SerializeToString()
 
     def _exchange(self, requests: Iterable[bytes]) -> list[bytes]:
         """Send ``requests`` in windows, each written whole before its answers are read; their answers'
