@@ -31,8 +31,8 @@ from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourc
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 from cassandra_cdc.kafka.topic_names import schema_topics
-from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER, WORKER_DAEMON,
-                                         kafka_format_available)
+from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER,
+                                                  STATE_SERVER_LOGGER, WORKER_DAEMON, kafka_format_available)
 from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder
 from test_schema_changes import ORDERS, RECORD, offline_config
 
@@ -103,6 +103,9 @@ def test_session_settings(spark):
     # pip's PySpark ships without Spark's Kafka connector jar, and the tests add none (docs/pipeline.md);
     # the answer must not raise either way.
     assert kafka_format_available(spark) is False
+    # No warning for each read of a page not written yet (millions on a large table's first load).
+    state_server_log = spark._jvm.org.apache.logging.log4j.LogManager.getLogger(STATE_SERVER_LOGGER)
+    assert state_server_log.isErrorEnabled() and not state_server_log.isWarnEnabled()
 
 
 # --- source.py -------------------------------------------------------------------------------------
@@ -372,6 +375,33 @@ def test_a_checkpoint_of_an_earlier_transactional_id_goes_on_without_a_duplicate
     assert write_task(renamed, MicroBatchTask(0, 0, "query-2"), output, 1).records == 1
     values = [value for _, _, _, value in read_topic(real_kafka, output)]
     assert values == [b"b%d-p0-%d" % (batch_id, i) for batch_id in range(3) for i in range(3)] + [b"b0-p0-0"]
+
+
+def test_a_task_whose_transaction_outlives_its_timeout_fails_saying_which_setting_to_change(real_kafka):
+    """Kafka aborts a transaction open longer than its transaction.timeout.ms (a task of a large batch): the
+    task fails naming the setting, and nothing it wrote is visible; with the default timeout it goes through."""
+    output = "timed-out-output"
+    real_kafka.create_topic(output, 1)
+    short = SinkSettings(real_kafka.bootstrap_servers, "timed-out-commits", "test-timed-out",
+                         producer=(("transaction.timeout.ms", 2000),))
+    sink = task_sink(short, MicroBatchTask(0, 0, "query-1"))
+    sink.produce(output, b"early", b"written within the timeout")
+    time.sleep(5)  # past the timeout, and the broker's next check for transactions open too long (every 1 s)
+    with pytest.raises(SinkError, match=r"open for \d+ s, longer than its transaction.timeout.ms \(2000 ms\)"):
+        sink.produce(output, b"late", b"written after it")
+        sink.commit()
+    assert read_topic(real_kafka, output) == []
+    default = SinkSettings(real_kafka.bootstrap_servers, "timed-out-commits", "test-timed-out")
+    assert write_task(default, MicroBatchTask(0, 0, "query-1"), output, 3).records == 3
+    assert len(read_topic(real_kafka, output)) == 3
+
+
+def test_a_transaction_timeout_the_brokers_refuse_is_named(real_kafka):
+    """Kafka's brokers accept transactions up to transaction.max.timeout.ms (15 minutes by default)."""
+    settings = SinkSettings(real_kafka.bootstrap_servers, "too-long-commits", "test-too-long",
+                            producer=(("transaction.timeout.ms", 900_001),))
+    with pytest.raises(SinkError, match=r"shorter transaction.timeout.ms than this one \(900001 ms\)"):
+        task_sink(settings, MicroBatchTask(0, 0, "query-1")).produce("too-long-output", b"k", b"v")
 
 
 def create_topic_refusing_large_records(broker, topic: str) -> None:

@@ -154,6 +154,8 @@ class KafkaBroker(JvmService):
             # register again: a short session makes that restart seconds, not the default's ten.
             "broker.session.timeout.ms": 3000,
             "broker.heartbeat.interval.ms": 500,
+            # Transactions open past their timeout are aborted at the next check (every 10 s by default).
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
         }
 
     @property

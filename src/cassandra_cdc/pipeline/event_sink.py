@@ -58,8 +58,10 @@ What it relies on:
   id once before reading the markers again: an attempt of the earlier run still committing is fenced,
   as with the current id. (That also fences, once, a pipeline of the earlier version still running
   under that id elsewhere: its task fails and Spark retries it.)
-- The whole task must be written within ``transaction.timeout.ms`` (60 s by default here); bound the
-  batch size (``maxOffsetsPerTrigger``) accordingly.
+- The whole task must be written within ``transaction.timeout.ms``: Kafka aborts a transaction open
+  longer, and the task fails saying so (its retry, with the same records, would too). The default here is
+  15 minutes, the most Kafka's brokers accept by default (``transaction.max.timeout.ms``); a longer one
+  needs the brokers' limit raised first. Bound the batch size (``maxOffsetsPerTrigger``) accordingly.
 - Plain Kafka protocol only (transactions since Kafka 0.11, KIP-98). The commit topic is created
   (1 partition, ``cleanup.policy=compact``) if it does not exist.
 
@@ -80,12 +82,14 @@ writes again (duplicates).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import time
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -100,6 +104,8 @@ log = logging.getLogger(__name__)
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 TIMEOUT = 60.0
+# Kafka's default transaction.max.timeout.ms: the longest transaction its brokers accept unless raised.
+TRANSACTION_TIMEOUT_MS = 900_000
 COMMIT_ATTEMPTS = 3
 
 
@@ -131,7 +137,8 @@ class SinkSettings:
             "linger.ms": 100,
             "compression.type": "lz4",
             "queue.buffering.max.messages": 1_000_000,
-            "transaction.timeout.ms": 60_000,
+            # A task's transaction lasts as long as the task: a batch of a large backlog can take minutes.
+            "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
             # A new producer connects to the brokers the bootstrap metadata names only after half of this
             # (100 ms by default): most of a new transactional producer's init_transactions, paid whenever a
             # state partition's task lands in another Python worker than last batch.
@@ -182,15 +189,20 @@ class TaskSink(ABC):
             compacted = self.settings.compact_topics and topic not in self.settings.uncompacted_topics
             ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions, compacted)
             _EXISTING_TOPICS.add(topic)
-        while True:
-            try:
-                producer.produce(topic, value, key, on_delivery=self._on_delivery)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain it
-                producer.poll(0.05)
-        self.records += 1
-        if not self.records % 1000:
-            producer.poll(0)
+        try:
+            with kafka_errors_unmasked():
+                while True:
+                    try:
+                        producer.produce(topic, value, key, on_delivery=self._on_delivery)
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain it
+                        producer.poll(0.05)
+                self.records += 1
+                if not self.records % 1000:
+                    producer.poll(0)
+        except KafkaException as error:  # the producer failed for good (e.g. fenced): so does the task
+            self.abort()
+            raise self._failure("writing", error) from error
 
     def _on_delivery(self, error: KafkaError | None, message: Message) -> None:
         if error is None and message.offset() >= 0:
@@ -210,6 +222,9 @@ class TaskSink(ABC):
     def commit(self) -> None:
         """Make what was produced durable (and, exactly once, visible), or raise ``SinkError``."""
 
+    def _failure(self, doing: str, error: KafkaException | str) -> SinkError:
+        return SinkError(f"{doing} batch {self.task.batch_id} partition {self.task.partition} failed: {error}")
+
     def abort(self) -> None:
         """The task failed: what it produced must not count (exactly once) or may be sent again."""
 
@@ -226,6 +241,7 @@ class TransactionalTaskSink(TaskSink):
         self.key = f"{settings.query_name}-{task.partition}"
         self.earlier_keys = tuple(f"{name}-{task.partition}" for name in settings.earlier_query_names)
         self._transaction: TransactionalProducer | None = None
+        self._began_at: float | None = None  # when the task's transaction began (monotonic seconds)
 
     def _producer(self) -> Producer | None:
         if self._transaction is None and not self.skipped:
@@ -253,6 +269,7 @@ class TransactionalTaskSink(TaskSink):
             if not _at_or_after(transaction.last_committed, task.batch_id):
                 transaction.begin()
                 self._transaction = transaction
+                self._began_at = time.monotonic()
                 return
         self.skipped = True
         log.info("batch %d: partition %d was already committed to Kafka; not written again", task.batch_id,
@@ -288,7 +305,8 @@ class TransactionalTaskSink(TaskSink):
                                       self.key.encode(), on_delivery=self._on_delivery)
             # A committed transaction must hold every record: librdkafka's commit is meant to fail when one
             # was not delivered, and a loss it once let through is checked for here, before committing.
-            transaction.kafka.flush(TIMEOUT)
+            with kafka_errors_unmasked():
+                transaction.kafka.flush(TIMEOUT)
             undelivered = self._undelivered(self.records + 1)  # with the marker
             if undelivered is not None:
                 self.abort()
@@ -306,8 +324,36 @@ class TransactionalTaskSink(TaskSink):
             self._transaction = None
 
     def _failure(self, doing: str, error: KafkaException | str) -> SinkError:
-        return SinkError(f"{doing} batch {self.task.batch_id} partition {self.task.partition} in Kafka "
-                         f"transaction {self.key} failed: {error}")
+        message = (f"{doing} batch {self.task.batch_id} partition {self.task.partition} in Kafka transaction "
+                   f"{self.key} failed: {error}")
+        timeout_ms = int(self.settings.producer_settings()["transaction.timeout.ms"])
+        code = error.args[0].code() if isinstance(error, KafkaException) and error.args else None
+        if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+            message += (f"; the brokers accept a shorter transaction.timeout.ms than this one ({timeout_ms} ms): set "
+                        "kafka.producer's transaction.timeout.ms to at most their transaction.max.timeout.ms")
+        elif self._began_at is not None and time.monotonic() - self._began_at >= timeout_ms / 1000:
+            message += (f"; the transaction had been open for {time.monotonic() - self._began_at:.0f} s, longer "
+                        f"than its transaction.timeout.ms ({timeout_ms} ms), after which Kafka aborts it. A retry "
+                        "of the task writes the same records (the batch's offsets are fixed): raise kafka.producer's "
+                        "transaction.timeout.ms (up to the brokers' transaction.max.timeout.ms) to get it through, "
+                        "and lower kafka.max_offsets_per_trigger for the batches after it")
+        return SinkError(message)
+
+
+@contextlib.contextmanager
+def kafka_errors_unmasked() -> Iterator[None]:
+    """A producer's fatal error (fenced, its transaction aborted by Kafka) as the ``KafkaException`` it is.
+
+    confluent-kafka raises it from within the delivery callbacks a ``flush`` or ``poll`` serves, so that the
+    callback's first call into Python fails with a ``SystemError`` ("returned a result with an exception
+    set") caused by it.
+    """
+    try:
+        yield
+    except SystemError as error:
+        if isinstance(error.__cause__, KafkaException):
+            raise error.__cause__ from None
+        raise
 
 
 def _at_or_after(committed: int | None, batch_id: int) -> bool:
@@ -516,6 +562,12 @@ class AtLeastOnceTaskSink(TaskSink):
     def _producer(self) -> Producer:
         return self._kafka
 
+    def abort(self) -> None:
+        """The task failed, perhaps for its producer's fatal error: the next task of this process gets a new one."""
+        for identity, producer in list(self._producers.items()):
+            if producer is self._kafka:
+                del self._producers[identity]
+
     @classmethod
     def close_all(cls) -> None:
         """Close the producers this process keeps, once what they hold is delivered."""
@@ -526,9 +578,14 @@ class AtLeastOnceTaskSink(TaskSink):
         if not self.records:
             return
         producer = self._kafka
-        # librdkafka fails each record after message.timeout.ms (5 min by default): flush ends by then.
-        while producer.flush(1.0) and not self._failures:
-            pass
+        try:
+            with kafka_errors_unmasked():
+                # librdkafka fails each record after message.timeout.ms (5 min by default): flush ends by then.
+                while producer.flush(1.0) and not self._failures:
+                    pass
+        except KafkaException as error:
+            self.abort()
+            raise self._failure("committing", error) from error
         undelivered = self._undelivered(self.records)
         if undelivered is not None:
             raise SinkError(f"batch {self.task.batch_id} partition {self.task.partition}: {undelivered}")
