@@ -24,6 +24,10 @@
   sink and the state store are built for task retries (event_sink.py).
 - Local masters bind to loopback. No UI, warnings-only logs, Arrow for pandas conversions, UTC session
   time zone.
+- The Python state server logs a warning for every read of a map state key that is absent, which the
+  pipeline's state reads are for every page not written yet: a line per new page, millions on a large
+  table's first load. Its warnings are off in this JVM (the driver, where a local master runs the
+  tasks); a cluster's executors take it from their log4j2 configuration (docs/pipeline.md).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ KAFKA_SOURCE_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
 FILE_SYSTEM_CHECKPOINT_FILES = \
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 WORKER_DAEMON = "cassandra_cdc.pipeline.worker_daemon"
+STATE_SERVER_LOGGER = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer"
 DEFAULT_MASTER = "local[2]"
 # Spark's default spark.task.maxFailures, the attempts a cluster gives each task.
 TASK_ATTEMPTS = 4
@@ -111,6 +116,8 @@ def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandr
         builder = builder.config(key, str(value).lower() if isinstance(value, bool) else str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[attr-defined]
+    log4j.core.config.Configurator.setLevel(STATE_SERVER_LOGGER, log4j.Level.ERROR)
     return spark
 
 
