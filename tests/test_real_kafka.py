@@ -10,6 +10,8 @@ import time
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from cassandra_cdc.kafka.consume import TopicFollower
+
 
 def read_partition(bootstrap_servers: str, topic: str, isolation: str,
                    start: int = 0) -> list[tuple[int, bytes]]:
@@ -71,6 +73,27 @@ def produce_acknowledged(bootstrap_servers: str, topic: str, values: list[bytes]
         producer.produce(topic, value, partition=0, on_delivery=delivered)
     assert producer.flush(30) == 0 and failures == []
     producer.close()
+
+
+def test_a_topic_follower_reads_past_a_transaction_marker_once(real_kafka):
+    """A transaction's records are followed by its marker, an offset never delivered: once read to it, the
+    follower has nothing new (every merge task refreshes the schema catalog this way, every micro-batch)."""
+    real_kafka.create_topic("followed", 1)
+    producer = Producer({"bootstrap.servers": real_kafka.bootstrap_servers, "transactional.id": "followed-writer"})
+    producer.init_transactions(30)
+    follower = TopicFollower({"bootstrap.servers": real_kafka.bootstrap_servers, "group.id": "follower",
+                              "enable.partition.eof": True, "isolation.level": "read_committed"}, 30)
+    try:
+        for value in (b"first", b"second"):
+            producer.begin_transaction()
+            producer.produce("followed", value, b"key")
+            producer.commit_transaction(30)
+            read: list[bytes] = []
+            assert follower.read("followed", lambda message: read.append(message.value()))
+            assert read == [value]
+            assert not follower.read("followed", read.append)  # only the marker is past the record
+    finally:
+        follower.close()
 
 
 def test_acknowledged_messages_survive_a_restart_and_a_kill(real_kafka):

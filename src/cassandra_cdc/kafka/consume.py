@@ -20,6 +20,8 @@ CONSUME_BATCH = 10_000
 CONSUME_WAIT = 0.05
 # How often ``PauseAtEnd`` reads the high watermarks; readers with every partition paused sleep this long.
 END_CHECK_SECONDS = 0.3
+# How long a broker holds a ``TopicFollower``'s fetch at the end of a partition (librdkafka's default: 500 ms).
+FOLLOWER_FETCH_WAIT_MS = 10
 # Errors librdkafka reports while it reconnects by itself: keep reading until the poll timeout.
 _TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
               KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
@@ -132,10 +134,16 @@ class PauseAtEnd:
 class TopicFollower:
     """Reads topics to their end once, then only what was added since, each time it is asked: for small
     topics read again and again (the schema catalog, the schema change topic). The consumer (created on
-    first use, again after ``close``) needs ``enable.partition.eof``."""
+    first use, again after ``close``) needs ``enable.partition.eof``.
+
+    Each read is on the way of a micro-batch (the catalog is refreshed by every merge task), so it must not
+    wait where nothing comes: a partition is read to its end offset, which a transaction's last record is
+    followed by its marker, never delivered (the end-of-partition event says the end is reached), and a
+    broker answers a fetch at the end after ``fetch.wait.max.ms`` (``FOLLOWER_FETCH_WAIT_MS`` here).
+    """
 
     def __init__(self, settings: dict[str, Any], timeout: float) -> None:
-        self._settings = settings
+        self._settings = {"fetch.wait.max.ms": FOLLOWER_FETCH_WAIT_MS, **settings}
         self._timeout = timeout
         self._consumer: Consumer | None = None
         self._next: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
@@ -143,6 +151,7 @@ class TopicFollower:
     def read(self, topic: str, handle: Callable[[Message], None]) -> bool:
         """``handle`` each record of ``topic`` added since the last read, in each partition's order;
         return whether there were any. A topic that does not exist has none."""
+        handled = False
         consumer = self._consumer
         if consumer is None:
             consumer = self._consumer = Consumer(self._settings)
@@ -171,15 +180,19 @@ class TopicFollower:
                         continue
                     if error is None:
                         handle(message)
+                        handled = True
                         self._next[topic, partition] = message.offset() + 1
-                    elif error.code() != KafkaError._PARTITION_EOF:
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        # The end can be a compacted-away record or a transaction marker: the next read
+                        # starts past it (the event's offset), or it would wait for it again.
+                        self._next[topic, partition] = max(self._next[topic, partition], message.offset())
+                    else:
                         continue  # librdkafka retries by itself
-                    # The end can be a compacted-away record or a transaction marker: EOF ends it too.
                     if error is not None or self._next[topic, partition] >= ends[partition]:
                         del ends[partition]
         finally:
             consumer.unassign()
-        return True
+        return handled
 
     def close(self) -> None:
         if self._consumer is not None:
