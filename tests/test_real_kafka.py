@@ -89,7 +89,10 @@ def test_a_topic_follower_reads_past_a_transaction_marker_once(real_kafka):
             producer.produce("followed", value, b"key")
             producer.commit_transaction(30)
             read: list[bytes] = []
-            assert follower.read("followed", lambda message: read.append(message.value()))
+            deadline = time.monotonic() + 30
+            # The commit returns before the markers are written: the record is visible a moment later.
+            while not read and time.monotonic() < deadline:
+                assert follower.read("followed", lambda message: read.append(message.value())) == bool(read)
             assert read == [value]
             assert not follower.read("followed", read.append)  # only the marker is past the record
     finally:

@@ -20,8 +20,12 @@ CONSUME_BATCH = 10_000
 CONSUME_WAIT = 0.05
 # How often ``PauseAtEnd`` reads the high watermarks; readers with every partition paused sleep this long.
 END_CHECK_SECONDS = 0.3
-# How long a broker holds a ``TopicFollower``'s fetch at the end of a partition (librdkafka's default: 500 ms).
-FOLLOWER_FETCH_WAIT_MS = 10
+# ``fetch.wait.max.ms`` of the consumers that are assigned only while they read to a known end (the source's
+# ranges, the commit log, ``TopicFollower``): how long a broker holds a fetch that finds nothing new. A held
+# fetch also holds back the consumer's next one to that broker (librdkafka has one in flight per broker), so
+# that each read of a range cost the wait (500 ms by default) on Kafka; answered at once, it costs a round
+# trip. Unassigned once read, such consumers do not fetch in between.
+READ_TO_END_FETCH_WAIT_MS = 0
 # Errors librdkafka reports while it reconnects by itself: keep reading until the poll timeout.
 _TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
               KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
@@ -137,13 +141,13 @@ class TopicFollower:
     first use, again after ``close``) needs ``enable.partition.eof``.
 
     Each read is on the way of a micro-batch (the catalog is refreshed by every merge task), so it must not
-    wait where nothing comes: a partition is read to its end offset, which a transaction's last record is
-    followed by its marker, never delivered (the end-of-partition event says the end is reached), and a
-    broker answers a fetch at the end after ``fetch.wait.max.ms`` (``FOLLOWER_FETCH_WAIT_MS`` here).
+    wait where nothing comes: a partition is read to its end offset, and a transaction's last record is
+    followed by its marker, never delivered (the end-of-partition event says the end is reached, and the
+    next read starts there).
     """
 
     def __init__(self, settings: dict[str, Any], timeout: float) -> None:
-        self._settings = {"fetch.wait.max.ms": FOLLOWER_FETCH_WAIT_MS, **settings}
+        self._settings = {"fetch.wait.max.ms": READ_TO_END_FETCH_WAIT_MS, **settings}
         self._timeout = timeout
         self._consumer: Consumer | None = None
         self._next: dict[tuple[str, int], int] = {}  # (topic, partition) -> next offset to read
@@ -201,4 +205,4 @@ class TopicFollower:
 
 
 __all__ = ["CONSUME_BATCH", "CONSUME_WAIT", "DataLossError", "END_CHECK_SECONDS", "KafkaSourceError",
-           "PauseAtEnd", "TopicFollower", "consume_available", "consume_range"]
+           "PauseAtEnd", "READ_TO_END_FETCH_WAIT_MS", "TopicFollower", "consume_available", "consume_range"]

@@ -96,7 +96,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark import TaskContext
 
 from ..kafka.admin import TopicCreationFailed, admin_settings, create_missing_topics
-from ..kafka.consume import consume_range
+from ..kafka.consume import READ_TO_END_FETCH_WAIT_MS, consume_range
 
 log = logging.getLogger(__name__)
 
@@ -468,7 +468,8 @@ class BatchCommitLog:
         self._consumer = Consumer({**settings, "group.id": f"cdc-sink-commits-{uuid.uuid4().hex}",
                                    "isolation.level": "read_committed", "enable.auto.commit": False,
                                    "enable.auto.offset.store": False, "enable.partition.eof": True,
-                                   "auto.offset.reset": "earliest", "fetch.wait.max.ms": 50})
+                                   "auto.offset.reset": "earliest",
+                                   "fetch.wait.max.ms": READ_TO_END_FETCH_WAIT_MS})
         self._positions: dict[int, int] = {}
         self._last: dict[tuple[str, str | None], int] = {}
 

@@ -93,7 +93,7 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from ..kafka.consume import DataLossError, KafkaSourceError, consume_range
+from ..kafka.consume import READ_TO_END_FETCH_WAIT_MS, DataLossError, KafkaSourceError, consume_range
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class SourceOptions:
             # librdkafka wants a group id; it is never joined (no subscribe) nor committed to.
             "group.id": f"{SOURCE_NAME}-{uuid.uuid4().hex}",
             "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 100,
+            "fetch.wait.max.ms": READ_TO_END_FETCH_WAIT_MS,
             # A range is read to its end offset, and the consumer then moves to another range: what it
             # prefetched past the end (librdkafka's defaults: 100,000 records or 64 MB) is decompressed
             # and parsed for nothing. A few MB ahead keep the reads going without that waste, and a short
