@@ -96,6 +96,7 @@ def run_available_now(spark, broker, topic: str, checkpoint: Path, max_offsets: 
 def test_session_settings(spark):
     assert spark.conf.get("spark.sql.streaming.stateStore.providerClass") == ROCKSDB_PROVIDER
     assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    assert spark.conf.get("spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows") == "false"
     assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
     assert spark.sparkContext.getConf().get("spark.python.daemon.module") == WORKER_DAEMON
     assert spark.sparkContext.master == "local[2,4]"  # task retries, as on a cluster

@@ -10,6 +10,9 @@
   every few batches: without it, every micro-batch copies, zips and syncs a snapshot of each state
   store, most of a small batch's time. Spark switches an existing
   checkpoint over on its own.
+- RocksDB does not count the state's rows: counting reads each key before every write (to know whether it
+  is new), a random read of the store per page written, and the pipeline does not use the count (the
+  state operator's ``numRowsTotal`` metric then stays 0). benchmarks/RESULTS.md measured the difference.
 - With a local master, checkpoint files are written through Hadoop's ``FileSystem`` API, not
   ``FileContext``: without Hadoop's native library (pip's PySpark has none), every ``FileContext``
   rename starts ``readlink`` processes, which made the state store's commit and the offset and commit
@@ -93,6 +96,7 @@ def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandr
         "spark.sql.shuffle.partitions": shuffle_partitions,
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": True,
+        "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": False,
         "spark.ui.enabled": False,
         "spark.ui.showConsoleProgress": False,
         "spark.sql.execution.arrow.pyspark.enabled": True,
