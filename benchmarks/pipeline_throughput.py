@@ -1,4 +1,4 @@
-"""Pipeline throughput and end-to-end latency (Spark local[2], RocksDB state, embedded broker).
+"""Pipeline throughput and end-to-end latency (Spark local[2], RocksDB state, Apache Kafka).
 
 Throughput: a workload of ``--records`` raw records (each write copied by RF=3 replicas) over
 ``--keys`` partition keys is published to the raw topic as the agents would, then the pipeline
@@ -13,6 +13,11 @@ from the write into the segment to its arrival in the output topic; reported: p5
 the warm-up's own figures apart, and what the micro-batches cost (the query progress's ``durationMs``).
 
     python benchmarks/pipeline_throughput.py [--records 1000000] [--keys 100000] [--latency-seconds 60]
+
+The broker is Apache Kafka as ``make install`` fetches it (``--broker embedded``: the stand-in noida-db, which
+answers fetches at once where Kafka holds them, so that waits a real broker imposes do not show). It shares
+the two cores: its CPU is reported apart, and the pipeline's by part (``cpu_s_by_part``: its JVM's threads by
+name, its Python workers), to say where a run's time goes.
 
 Targets (from the issue): 20,000 raw records/s per core; p99 latency under 2 s.
 """
@@ -45,12 +50,15 @@ from cassandra_cdc.pipeline.streaming_job import start  # noqa: E402
 from cassandra_cdc.pipeline.spark_session import spark_session  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402
 from cassandra_cdc.simulator import Cluster, EmbeddedBroker, Insert, Update, to_mutation  # noqa: E402
+from cassandra_cdc.localcluster import KafkaBroker  # noqa: E402
 from cassandra_cdc.kafka.raw_records import RawRecord, encode_update, record_key  # noqa: E402
 from cassandra_cdc.kafka.schema_records import SchemaRecord  # noqa: E402
 
 SCHEMA = """CREATE TABLE bench.users (id bigint PRIMARY KEY, name text, email text, age int, score double,
     city text) WITH ID = 6c0e7a10-0000-4000-8000-0000000000b1 AND cdc = true;"""
 CORES = os.cpu_count() or 2
+Broker = KafkaBroker | EmbeddedBroker
+BROKERS: dict[str, type[Broker]] = {"kafka": KafkaBroker, "embedded": EmbeddedBroker}
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -67,19 +75,87 @@ def cpu_seconds() -> tuple[float, float]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                fields = _stat_fields(entry / "stat")
                 command = (entry / "cmdline").read_bytes()
             except OSError:
                 continue  # ended meanwhile
             used = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
-            if b"noida" in command:
+            if is_broker(command):
                 broker += used
             elif int(entry.name) in ours:
                 total += used
     return total / CLOCK_TICKS, broker / CLOCK_TICKS
 
 
-def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int,
+def is_broker(command: bytes) -> bool:
+    """Whether a process's command line is the broker's: the stand-in's or Apache Kafka's main class."""
+    return b"noida" in command or b"\0kafka.Kafka\0" in command
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a ``/proc`` stat file after the command name (which may hold spaces): state first."""
+    return stat.read_text().rsplit(")", 1)[1].split()
+
+
+class CpuByPart:
+    """Where the pipeline's CPU goes: its JVM by thread (named as the JVM names them, numbers dropped:
+    RocksDB's compactions, the tasks, the Python state servers, the garbage collector...), its Python
+    workers, this driver process; sampled each ``interval`` seconds, so a thread or worker that ends counts
+    up to its last sample."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self._first: dict[tuple[int, int], int] = {}
+        self._last: dict[tuple[int, int], tuple[str, int]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_every, args=(interval,), daemon=True)
+
+    def __enter__(self) -> "CpuByPart":
+        self._sample()
+        self._first = {key: ticks for key, (_, ticks) in self._last.items()}  # what started later starts at 0
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def seconds(self, top: int = 12) -> dict[str, float]:
+        """CPU seconds by part, the largest first; the rest summed as ``other``."""
+        parts: dict[str, int] = {}
+        for key, (part, ticks) in self._last.items():
+            parts[part] = parts.get(part, 0) + ticks - self._first.get(key, 0)
+        ordered = sorted(parts.items(), key=lambda item: -item[1])
+        shown = {part: round(ticks / CLOCK_TICKS, 1) for part, ticks in ordered[:top]}
+        rest = sum(ticks for _, ticks in ordered[top:])
+        return {**shown, "other": round(rest / CLOCK_TICKS, 1)} if rest else shown
+
+    def _sample_every(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self._sample()
+
+    def _sample(self) -> None:
+        for pid in [os.getpid(), *descendants(os.getpid())]:
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if is_broker(command):
+                    continue
+                program = command.split(b"\0")[0]
+                if b"java" in program:
+                    for task in Path(f"/proc/{pid}/task").iterdir():
+                        name = "jvm: " + (task / "comm").read_text().strip().rstrip("0123456789#-_ ")
+                        self._record((pid, int(task.name)), name, _stat_fields(task / "stat"))
+                else:
+                    name = "python: this driver" if pid == os.getpid() else "python: workers"
+                    self._record((pid, 0), name, _stat_fields(Path(f"/proc/{pid}/stat")))
+            except OSError:
+                continue  # ended meanwhile
+
+    def _record(self, key: tuple[int, int], part: str, fields: list[str]) -> None:
+        self._last[key] = (part, int(fields[11]) + int(fields[12]))  # utime, stime
+
+
+def publish_backlog(broker: Broker, server: str, records: int, keys: int,
                     preloaded: bool = False) -> int:
     """Publish about ``records`` raw records (a multiple of 3: whole writes, one copy per replica); return how
     many.
@@ -104,7 +180,7 @@ def publish_backlog(broker: EmbeddedBroker, server: str, records: int, keys: int
     return records // 3 * 3
 
 
-def create_raw_topic(broker: EmbeddedBroker, server: str) -> None:
+def create_raw_topic(broker: Broker, server: str) -> None:
     """The raw topic, and the table's definition on the schema topic, as the agents publish them."""
     record = SchemaRecord.of(parse_schema(SCHEMA).table("bench", "users"), "bench")
     producer = raw_producer(broker.bootstrap_servers)
@@ -188,7 +264,7 @@ def keys_by_page(keys: int, pages: int, table_id: bytes) -> list[list[int]]:
     return [ordered[keys * i // CORES:keys * (i + 1) // CORES] for i in range(CORES)]
 
 
-def preload(broker: EmbeddedBroker, spark: Any, config: Any, keys: int) -> dict[str, Any]:
+def preload(broker: Broker, spark: Any, config: Any, keys: int) -> dict[str, Any]:
     """Put ``keys`` partition keys in the state by a bulk path: one insert per key, one copy (not the three
     replicas' copies: the others would be skipped by their digest anyway), in the order of their state pages,
     published by one process per core, then read by the pipeline in batches of 1M records, the largest it is
@@ -294,7 +370,7 @@ def descendants(root: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                parent = int(_stat_fields(entry / "stat")[1])
             except OSError:
                 continue
             children.setdefault(parent, []).append(int(entry.name))
@@ -306,7 +382,7 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batch_records: int,
+def throughput(broker: Broker, work: Path, records: int, keys: int, batch_records: int,
                preload_keys: int) -> dict[str, Any]:
     server = "bench"
     config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
@@ -323,7 +399,7 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
     records = publish_backlog(broker, server, records, preload_keys or keys, preloaded=bool(preload_keys))
     published = time.monotonic() - started
     cpu_start, broker_cpu_start = cpu_seconds()
-    with WorkerMemory() as memory:
+    with WorkerMemory() as memory, CpuByPart() as cpu_by_part:
         ordered, query_start_epoch = run_query(spark, config, records)
     cpu, broker_cpu = (used - start for used, start in zip(cpu_seconds(), (cpu_start, broker_cpu_start)))
     first = ordered[0]
@@ -338,13 +414,14 @@ def throughput(broker: EmbeddedBroker, work: Path, records: int, keys: int, batc
             "per_core": records / total / CORES,
             "steady_per_core": (records - raw_records(first)) / steady / CORES if steady > 0 else 0.0,
             "cpu_s": cpu, "records_per_cpu_s": records / cpu, "broker_cpu_s": broker_cpu,
+            "cpu_s_by_part": cpu_by_part.seconds(),
             "load_average": os.getloadavg(),
             "durations_ms": {k: sum(p["durationMs"].get(k, 0) for p in ordered) for k in ordered[0]["durationMs"]},
             "batches": len(ordered), "batch_sizes": [raw_records(p) for p in ordered],
             "batch_s": [p["batchDuration"] / 1000 for p in ordered],
             "batch_start_s": [round(_epoch_seconds(p["timestamp"]) - query_start_epoch, 2) for p in ordered],
             "first_batch_ms": first["durationMs"],
-            "state_rows": state["numRowsTotal"], "state_memory_bytes": state["memoryUsedBytes"],
+            "state_memory_bytes": state["memoryUsedBytes"],
             "worker_peak_rss": memory.peak_process, "workers_peak_rss_total": memory.peak_total,
             "checkpoint_bytes": checkpoint_bytes(Path(config.checkpoint)),
             "state_written": state_bytes_per_batch(Path(config.checkpoint), [p["batchId"] for p in ordered]),
@@ -371,7 +448,7 @@ def raw_records(progress: dict[str, Any]) -> int:
     return sum(end.values()) - sum(start.get(partition, 0) for partition in end)
 
 
-def latency(broker: EmbeddedBroker, work: Path, seconds: float, rate: float, raw_partitions: int,
+def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partitions: int,
             warmup: float, server: str = "lat", checkpoint: Path | None = None,
             first_key: int = 0) -> dict[str, Any]:
     """With ``checkpoint`` (and the ``server`` whose raw topic it read), on the state it holds; the writes are
@@ -509,10 +586,12 @@ def main() -> None:
                         help="partition keys put in the state first (one insert each, in batches of 1M "
                              "records); the backlog then updates them, and the latency run writes on that "
                              "state")
+    parser.add_argument("--broker", choices=sorted(BROKERS), default="kafka",
+                        help="Apache Kafka (as `make install` provides it) or the stand-in broker noida-db")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as directory, EmbeddedBroker(Path(directory) / "broker") as broker:
+    with tempfile.TemporaryDirectory() as directory, BROKERS[args.broker](Path(directory) / "broker") as broker:
         work = Path(directory)
         if not args.skip_throughput:
             figures = throughput(broker, work, args.records, args.keys, args.batch_records, args.preload_keys)
