@@ -79,7 +79,8 @@ def test_a_topic_follower_reads_past_a_transaction_marker_once(real_kafka):
     """A transaction's records are followed by its marker, an offset never delivered: once read to it, the
     follower has nothing new (every merge task refreshes the schema catalog this way, every micro-batch)."""
     real_kafka.create_topic("followed", 1)
-    producer = Producer({"bootstrap.servers": real_kafka.bootstrap_servers, "transactional.id": "followed-writer"})
+    producer = Producer({"bootstrap.servers": real_kafka.bootstrap_servers,
+                         "transactional.id": "followed-writer"})
     producer.init_transactions(30)
     follower = TopicFollower({"bootstrap.servers": real_kafka.bootstrap_servers, "group.id": "follower",
                               "enable.partition.eof": True, "isolation.level": "read_committed"}, 30)

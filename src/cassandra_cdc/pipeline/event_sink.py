@@ -223,7 +223,8 @@ class TaskSink(ABC):
         """Make what was produced durable (and, exactly once, visible), or raise ``SinkError``."""
 
     def _failure(self, doing: str, error: KafkaException | str) -> SinkError:
-        return SinkError(f"{doing} batch {self.task.batch_id} partition {self.task.partition} failed: {error}")
+        task = self.task
+        return SinkError(f"{doing} batch {task.batch_id} partition {task.partition} failed: {error}")
 
     def abort(self) -> None:
         """The task failed: what it produced must not count (exactly once) or may be sent again."""
@@ -327,16 +328,19 @@ class TransactionalTaskSink(TaskSink):
         message = (f"{doing} batch {self.task.batch_id} partition {self.task.partition} in Kafka transaction "
                    f"{self.key} failed: {error}")
         timeout_ms = int(self.settings.producer_settings()["transaction.timeout.ms"])
+        open_s = None if self._began_at is None else time.monotonic() - self._began_at
         code = error.args[0].code() if isinstance(error, KafkaException) and error.args else None
         if code == KafkaError.INVALID_TRANSACTION_TIMEOUT:
-            message += (f"; the brokers accept a shorter transaction.timeout.ms than this one ({timeout_ms} ms): set "
-                        "kafka.producer's transaction.timeout.ms to at most their transaction.max.timeout.ms")
-        elif self._began_at is not None and time.monotonic() - self._began_at >= timeout_ms / 1000:
-            message += (f"; the transaction had been open for {time.monotonic() - self._began_at:.0f} s, longer "
-                        f"than its transaction.timeout.ms ({timeout_ms} ms), after which Kafka aborts it. A retry "
-                        "of the task writes the same records (the batch's offsets are fixed): raise kafka.producer's "
-                        "transaction.timeout.ms (up to the brokers' transaction.max.timeout.ms) to get it through, "
-                        "and lower kafka.max_offsets_per_trigger for the batches after it")
+            message += (f"; the brokers accept a shorter transaction.timeout.ms than this one ({timeout_ms} "
+                        "ms): set kafka.producer's transaction.timeout.ms to at most their "
+                        "transaction.max.timeout.ms")
+        elif open_s is not None and open_s >= timeout_ms / 1000:
+            message += (f"; the transaction had been open for {open_s:.0f} s, longer than its "
+                        f"transaction.timeout.ms ({timeout_ms} ms), after which Kafka aborts it. A retry "
+                        "of the task writes the same records (the batch's offsets are fixed): raise "
+                        "kafka.producer's transaction.timeout.ms (up to the brokers' "
+                        "transaction.max.timeout.ms) to get it through, and lower "
+                        "kafka.max_offsets_per_trigger for the batches after it")
         return SinkError(message)
 
 
@@ -564,7 +568,7 @@ class AtLeastOnceTaskSink(TaskSink):
         return self._kafka
 
     def abort(self) -> None:
-        """The task failed, perhaps for its producer's fatal error: the next task of this process gets a new one."""
+        """The task failed, perhaps for its producer's fatal error: the process's next task gets a new one."""
         for identity, producer in list(self._producers.items()):
             if producer is self._kafka:
                 del self._producers[identity]
@@ -581,7 +585,7 @@ class AtLeastOnceTaskSink(TaskSink):
         producer = self._kafka
         try:
             with kafka_errors_unmasked():
-                # librdkafka fails each record after message.timeout.ms (5 min by default): flush ends by then.
+                # librdkafka fails each record after message.timeout.ms (5 min by default): flush ends then.
                 while producer.flush(1.0) and not self._failures:
                     pass
         except KafkaException as error:
