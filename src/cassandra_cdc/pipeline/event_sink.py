@@ -190,16 +190,15 @@ class TaskSink(ABC):
             ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions, compacted)
             _EXISTING_TOPICS.add(topic)
         try:
-            with kafka_errors_unmasked():
-                while True:
-                    try:
-                        producer.produce(topic, value, key, on_delivery=self._on_delivery)
-                        break
-                    except BufferError:  # the local queue is full: let deliveries drain it
-                        producer.poll(0.05)
-                self.records += 1
-                if not self.records % 1000:
-                    producer.poll(0)
+            while True:
+                try:
+                    producer.produce(topic, value, key, on_delivery=self._on_delivery)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain it
+                    _serve_deliveries(producer, 0.05)
+            self.records += 1
+            if not self.records % 1000:
+                _serve_deliveries(producer, 0)
         except KafkaException as error:  # the producer failed for good (e.g. fenced): so does the task
             self.abort()
             raise self._failure("writing", error) from error
@@ -358,6 +357,11 @@ def kafka_errors_unmasked() -> Iterator[None]:
         if isinstance(error.__cause__, KafkaException):
             raise error.__cause__ from None
         raise
+
+
+def _serve_deliveries(producer: Producer, timeout: float) -> None:
+    with kafka_errors_unmasked():
+        producer.poll(timeout)
 
 
 def _at_or_after(committed: int | None, batch_id: int) -> bool:

@@ -20,6 +20,7 @@ import struct
 from typing import Any, Iterable, Sequence
 
 import pyspark
+from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +57,8 @@ class MapStateRequests:
         """The values of ``keys``, in their order (None: no value)."""
         if self._client is None:
             return [self._state.getValue(key) for key in keys]
-        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
         api = self._client._stateful_processor_api_client
-        answers = self._exchange(self._request(getValue=message.GetValue(userKey=self._key(key))) for key in keys)
+        answers = self._exchange(self._request(getValue=proto.GetValue(userKey=self._key(key))) for key in keys)
         return [api._deserialize_from_bytes(value) if value else None for value in answers]
 
     def update_all(self, items: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
@@ -67,9 +67,8 @@ class MapStateRequests:
             for key, value in items:
                 self._state.updateValue(key, value)
             return
-        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
         api, value_schema = self._client._stateful_processor_api_client, self._client.value_schema
-        self._exchange(self._request(updateValue=message.UpdateValue(
+        self._exchange(self._request(updateValue=proto.UpdateValue(
             userKey=self._key(key), value=api._serialize_to_bytes(value_schema, value))) for key, value in items)
 
     def remove_all(self, keys: Iterable[tuple[Any, ...]]) -> None:
@@ -78,8 +77,7 @@ class MapStateRequests:
             for key in keys:
                 self._state.removeKey(key)
             return
-        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
-        self._exchange(self._request(removeKey=message.RemoveKey(userKey=self._key(key))) for key in keys)
+        self._exchange(self._request(removeKey=proto.RemoveKey(userKey=self._key(key))) for key in keys)
 
     def _key(self, key: tuple[Any, ...]) -> bytes:
         client = self._client
@@ -87,9 +85,8 @@ class MapStateRequests:
 
     def _request(self, **call: Any) -> bytes:
         """A ``StateRequest`` of one ``MapStateCall`` of this state (``call``: its one operation)."""
-        from pyspark.sql.streaming.proto import StateMessage_pb2 as message
-        return message.StateRequest(stateVariableRequest=message.StateVariableRequest(
-            mapStateCall=message.MapStateCall(stateName=self._name, **call))).SerializeToString()
+        return proto.StateRequest(stateVariableRequest=proto.StateVariableRequest(
+            mapStateCall=proto.MapStateCall(stateName=self._name, **call))).SerializeToString()
 
     def _exchange(self, requests: Iterable[bytes]) -> list[bytes]:
         """Send ``requests`` in windows, each written whole before its answers are read; their answers'
