@@ -23,8 +23,8 @@ END_CHECK_SECONDS = 0.3
 # ``fetch.wait.max.ms`` of the consumers that are assigned only while they read to a known end (the source's
 # ranges, the commit log, ``TopicFollower``): how long a broker holds a fetch that finds nothing new. A held
 # fetch also holds back the consumer's next one to that broker (librdkafka has one in flight per broker), so
-# that each read of a range cost the wait (500 ms by default) on Kafka; answered at once, it costs a round
-# trip. Unassigned once read, such consumers do not fetch in between.
+# that each read of a range cost the wait on Kafka (100 ms in the source, 500 by default); answered at once,
+# a round trip. Unassigned once read, such consumers do not fetch in between.
 READ_TO_END_FETCH_WAIT_MS = 0
 # Errors librdkafka reports while it reconnects by itself: keep reading until the poll timeout.
 _TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
