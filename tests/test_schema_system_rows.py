@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from collections import namedtuple
 from typing import Any
 
 import pytest
 from cassandra.util import OrderedMap, SortedSet
 
-from cassandra_cdc.schema import (ColumnKind, KeyspaceMetadata, Schema, SchemaError, TableMetadata, fetch_schema,
+from cassandra_cdc.schema import (ColumnKind, KeyspaceMetadata, Schema, SchemaError, TableMetadata,
                                   parse_schema, schema_from_system_schema_rows)
 from cassandra_cdc.schema.model import system_table_id
 
@@ -291,46 +290,6 @@ def test_column_name_bytes_are_the_name() -> None:
 def test_errors_name_the_row(changes: dict[str, Any], message: str) -> None:
     with pytest.raises(SchemaError, match=message):
         build(**changes)
-
-
-class FakeSession:
-    """Answers the system_schema queries as a driver session with the default named-tuple rows."""
-
-    def __init__(self) -> None:
-        self.queries: list[str] = []
-
-    def execute(self, query: str) -> list[Any]:
-        self.queries.append(query)
-        table = query.rsplit(".", 1)[1]
-        rows = {"keyspaces": KEYSPACES, "tables": TABLES, "columns": COLUMNS, "dropped_columns": DROPPED,
-                "types": TYPES, "views": VIEWS}[table]
-        if table == "types":
-            return rows  # dict_factory rows work too
-        result = []
-        for row in rows:
-            row_type = namedtuple("Row", sorted(row))  # type: ignore[misc]
-            result.append(row_type(**row))
-        return result
-
-
-def test_fetch_schema_queries_system_schema() -> None:
-    session = FakeSession()
-    schema = fetch_schema(session)
-    dropped = ("SELECT keyspace_name, table_name, column_name, kind, type, "
-               "blobAsBigint(timestampAsBlob(dropped_time)) AS dropped_time FROM system_schema.dropped_columns")
-    assert session.queries == [*(f"SELECT * FROM system_schema.{t}" for t in ("keyspaces", "tables", "columns")),
-                               dropped, "SELECT * FROM system_schema.types", "SELECT * FROM system_schema.views"]
-    expected = build()
-    assert {(t.keyspace, t.name): t for t in schema} == {(t.keyspace, t.name): t for t in expected}
-
-
-def test_unknown_row_shape_is_refused() -> None:
-    class TupleSession:
-        def execute(self, query: str) -> list[tuple]:
-            return [("shop", True)]
-
-    with pytest.raises(TypeError, match="dicts or named tuples"):
-        fetch_schema(TupleSession())
 
 
 def test_table_metadata_is_sorted_the_same_whatever_the_row_order() -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import socket
 import ssl
 import time
 import uuid
@@ -224,7 +225,8 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
         with driver_log_at_debug():
             cluster = cql_cluster(settings)
             try:
-                return fetch_schema(cluster.connect())
+                # The node beside the agent has applied every schema change its commit log holds.
+                return fetch_schema(cluster.connect(), node=_address(settings.contact_points[0]))
             except (NoHostAvailable, DriverException, OSError) as error:
                 failure = CassandraUnreachable if _nodes_unreachable(error) else ConfigError
                 raise failure(_schema_read_failure(settings, nodes, error)) from None
@@ -232,6 +234,14 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
                 cluster.shutdown()
 
     return from_cluster
+
+
+def _address(host: str) -> str:
+    """A contact point's IP address, as the driver names the node (the name itself if it does not resolve)."""
+    try:
+        return socket.getaddrinfo(host, None)[0][4][0]
+    except OSError:
+        return host
 
 
 def _schema_read_failure(settings: CassandraSchemaSource, nodes: str, error: Exception) -> str:

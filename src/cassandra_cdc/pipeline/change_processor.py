@@ -338,7 +338,8 @@ class ChangeProcessor(StatefulProcessor):
                 update = decode_update(record_key, record, self.catalog.schema)
                 return found[0], found[1], update
             except (MutationDecodeError, EndOfData, ValueError, IndexError, KeyError) as error:
-                reason = f"cannot decode the partition update of {found[0].qualified_name}: {error}"
+                reason = (f"cannot decode the partition update of {found[0].qualified_name} with the definition "
+                          f"of schema version {found[1]}: {error}")
         if reason is not None:
             raise _Undecodable("undecodable_update", reason)
         raise _Undecodable("unknown_table", self._no_schema(table_id))

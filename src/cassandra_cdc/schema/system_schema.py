@@ -15,6 +15,7 @@ Super column families (flag ``super``, Thrift only) are refused with a :class:`S
 from __future__ import annotations
 
 import datetime
+import time
 import uuid
 from collections import defaultdict
 from typing import Any, Iterable, Mapping
@@ -36,6 +37,10 @@ _KINDS = {
 _NOT_OPTIONS = {"keyspace_name", "table_name", "view_name", "id", "flags", "cdc", "base_table_id",
                 "base_table_name", "include_all_columns", "where_clause"}
 
+# A node's schema read again at most this many times while DDL keeps changing it, pausing between reads.
+CONSISTENT_READ_ATTEMPTS = 50
+CHANGING_SCHEMA_PAUSE_SECONDS = 0.1
+
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
 _TABLES = ("keyspaces", "tables", "columns", "dropped_columns", "types", "views")
@@ -46,12 +51,45 @@ _SELECTS = {"dropped_columns": "keyspace_name, table_name, column_name, kind, ty
                                "blobAsBigint(timestampAsBlob(dropped_time)) AS dropped_time"}
 
 
-def fetch_schema(session: Any) -> Schema:
-    """Query ``system_schema`` with a cassandra-driver ``Session`` and build the schema of every keyspace."""
-    rows = {name: [_as_dict(row) for row in
-                   session.execute(f"SELECT {_SELECTS.get(name, '*')} FROM system_schema.{name}")]
-            for name in _TABLES}
-    return schema_from_system_schema_rows(**rows)
+def fetch_schema(session: Any, node: str | None = None) -> Schema:
+    """Query ``system_schema`` with a cassandra-driver ``Session`` and build the schema of every keyspace.
+
+    Every table is read from one node: ``node`` (an address) while it is up, else the first node up. A
+    schema change reaches the nodes one after the other, and writes its ``system_schema`` tables one after
+    the other, so a read spread over nodes, or over a change, can see a table's column gone from ``columns``
+    but not yet in ``dropped_columns``: the read is done again until the node's ``schema_version`` is the
+    same after it as before.
+    """
+    from cassandra import DriverException
+    from cassandra.cluster import NoHostAvailable
+
+    hosts = sorted((host for host in session.cluster.metadata.all_hosts() if host.is_up is not False),
+                   key=lambda host: (host.endpoint.address != node, str(host.endpoint)))
+    failures: dict[str, Exception] = {}
+    for host in hosts:  # a node that is down, times out or is overloaded leaves the read to the next one
+        try:
+            return _consistent_read(session, host)
+        except (NoHostAvailable, DriverException, OSError) as error:
+            failures.update(getattr(error, "errors", None) or {str(host.endpoint): error})
+    raise NoHostAvailable("no node answered the system_schema read", failures)
+
+
+def _consistent_read(session: Any, host: Any) -> Schema:
+    for _ in range(CONSISTENT_READ_ATTEMPTS):
+        version = _schema_version(session, host)
+        rows = {name: [_as_dict(row) for row in session.execute(
+                    f"SELECT {_SELECTS.get(name, '*')} FROM system_schema.{name}", host=host)]
+                for name in _TABLES}
+        if _schema_version(session, host) == version:
+            return schema_from_system_schema_rows(**rows)
+        time.sleep(CHANGING_SCHEMA_PAUSE_SECONDS)
+    raise SchemaError(f"the schema of node {host.endpoint} changed during each of {CONSISTENT_READ_ATTEMPTS} "
+                      "reads", "system_schema")
+
+
+def _schema_version(session: Any, host: Any) -> Any:
+    row = session.execute("SELECT schema_version FROM system.local", host=host).one()
+    return _as_dict(row)["schema_version"]
 
 
 def schema_from_system_schema_rows(keyspaces: Iterable[Row], tables: Iterable[Row], columns: Iterable[Row],

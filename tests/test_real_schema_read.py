@@ -1,0 +1,70 @@
+"""``fetch_schema`` on three real Cassandra 5.0 nodes (``real_cassandra``) while DDL changes the schema.
+
+A schema change reaches the nodes one after the other, so a read that asks each ``system_schema`` table of
+another node can take ``columns`` from a node past a ``DROP`` and ``dropped_columns`` from one before it:
+the column is then in neither, and its cells are undecodable ("unknown column"). Each read must be one
+node's schema at one moment.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from cassandra.cluster import EXEC_PROFILE_DEFAULT
+from cassandra.query import tuple_factory
+
+from cassandra_cdc.schema import fetch_schema
+
+KEYSPACE = "schema_read"
+DROPPED = [f"d{i}" for i in range(20)]
+
+
+def test_a_read_while_columns_are_dropped_has_each_column_as_a_column_or_as_dropped(real_cassandra: Any) -> None:
+    """One thread drops the columns one by one while another reads the schema over and over, from every node
+    in turn: every read has each column either still a column or already dropped."""
+    with real_cassandra.driver() as writer, real_cassandra.driver() as reader:
+        ddl = writer.connect()
+        ddl.execute(f"CREATE KEYSPACE {KEYSPACE} WITH replication = "
+                    "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}")
+        ddl.execute(f"CREATE TABLE {KEYSPACE}.t (id int PRIMARY KEY, {', '.join(f'{c} text' for c in DROPPED)})")
+        assert writer.control_connection.wait_for_schema_agreement(wait_time=60)
+        session = reader.connect()
+        nodes = [node.address for node in real_cassandra.nodes]
+        dropping = threading.Event()
+        lost: list[tuple[str, set[str]]] = []
+        reads = 0
+
+        def read_while_dropping() -> None:
+            nonlocal reads
+            while dropping.is_set():
+                node = nodes[reads % len(nodes)]
+                table = fetch_schema(session, node=node).table(KEYSPACE, "t")
+                kept = {c.name for c in table.regular_and_static} | {c.name for c in table.dropped}
+                if missing := set(DROPPED) - kept:
+                    lost.append((node, missing))
+                reads += 1
+
+        dropping.set()
+        thread = threading.Thread(target=read_while_dropping)
+        thread.start()
+        try:
+            for column in DROPPED:
+                ddl.execute(f"ALTER TABLE {KEYSPACE}.t DROP {column}")
+        finally:
+            dropping.clear()
+            thread.join()
+        final = fetch_schema(session).table(KEYSPACE, "t")
+    assert lost == []
+    assert reads > len(DROPPED)
+    assert {c.name for c in final.dropped} == set(DROPPED)
+    assert [c.name for c in final.regular_and_static] == []
+
+
+def test_rows_that_are_neither_dicts_nor_named_tuples_are_refused(real_cassandra: Any) -> None:
+    with real_cassandra.driver() as driver:
+        session = driver.connect()
+        session.get_execution_profile(EXEC_PROFILE_DEFAULT).row_factory = tuple_factory
+        with pytest.raises(TypeError, match="dicts or named tuples"):
+            fetch_schema(session)
