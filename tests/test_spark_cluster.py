@@ -3,7 +3,8 @@
 docs/pipeline.md says ("On a Spark standalone cluster"), on the real Kafka broker.
 
 Three simulated replicas write commit logs and three agents publish them; the pipeline runs with its
-checkpoint in a ``file://`` directory both workers see. While it streams, the bootstrap publishes a real
+checkpoint on a real HDFS (a NameNode and a DataNode, :mod:`cassandra_cdc.localcluster.hdfs`), as a
+deployment's executors share one. While it streams, the bootstrap publishes a real
 table's SSTables (three replicas' snapshots) as a second application of the same cluster; then one worker
 is killed with ``kill -9`` in the middle of the stream (its executors exit with it) while writes go on,
 and later started again. The events (read_committed), replayed, must equal the tables' rows, as the
@@ -25,7 +26,8 @@ import yaml
 import cassandra_cdc.pipeline.submit as submit
 from conftest import start_agents
 from cassandra_cdc.demo.table_check import normalized, replay
-from cassandra_cdc.localcluster import SparkStandaloneCluster
+from cassandra_cdc.localcluster import HdfsCluster, SparkStandaloneCluster
+from cassandra_cdc.pipeline.streaming_job import STATE_LAYOUT_FILE
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Cluster, Workload
 from cassandra_cdc.sstable import SSTable
@@ -63,6 +65,12 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSta
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def hdfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HdfsCluster]:
+    with HdfsCluster(tmp_path_factory.mktemp("hdfs")) as running:
+        yield running
+
+
 def spark_submit(cluster: SparkStandaloneCluster, archive: str, *arguments: str) -> list[str]:
     return [str(SPARK_SUBMIT), "--master", cluster.master_url, *APPLICATION, "--py-files", archive,
             submit.__file__, *arguments]
@@ -83,13 +91,13 @@ def executors(cluster: SparkStandaloneCluster, application_id: str) -> list[Path
             for executor in (worker.work_directory / application_id).glob("*") if executor.is_dir()]
 
 
-def merged_offsets(checkpoint: Path) -> int:
+def merged_offsets(hdfs: HdfsCluster, checkpoint: str) -> int:
     """How many raw records the pipeline has merged: the source offsets (summed over the raw topic's
-    partitions) of its last committed micro-batch, as Spark's checkpoint records them."""
-    committed = [int(path.name) for path in (checkpoint / "commits").glob("[0-9]*")]
+    partitions) of its last committed micro-batch, as Spark's checkpoint (a path on ``hdfs``) records them."""
+    committed = [int(name) for name in hdfs.list(f"{checkpoint}/commits") if name.isdigit()]
     if not committed:
         return 0
-    offsets = (checkpoint / "offsets" / str(max(committed))).read_text().splitlines()[-1]
+    offsets = hdfs.read(f"{checkpoint}/offsets/{max(committed)}").decode().splitlines()[-1]
     return sum(json.loads(offsets).values())
 
 
@@ -102,7 +110,7 @@ def wait_for(condition: Any, what: str, timeout: float, pipeline: subprocess.Pop
 
 
 def test_pipeline_and_bootstrap_on_a_standalone_cluster_survive_a_worker_killed_mid_stream(
-        spark_cluster: SparkStandaloneCluster, real_kafka: Any, tmp_path: Path) -> None:
+        spark_cluster: SparkStandaloneCluster, hdfs: HdfsCluster, real_kafka: Any, tmp_path: Path) -> None:
     started = time.monotonic()
     (tmp_path / "schema.cql").write_text(STREAM_SCHEMA)
     schema = parse_schema(STREAM_SCHEMA)
@@ -110,10 +118,10 @@ def test_pipeline_and_bootstrap_on_a_standalone_cluster_survive_a_worker_killed_
     simulated = Cluster(tmp_path / "cluster", schema, nodes=3, rf=3, cassandra_version="4.1", seed=5,
                         shuffle=True, segment_size=256 * 1024)
     agents = start_agents(simulated, real_kafka, SERVER, tmp_path)
-    checkpoint = tmp_path / "checkpoint"
+    checkpoint = "/cassandra-cdc/checkpoint"  # on HDFS
     config = tmp_path / "pipeline.yaml"
     config.write_text(yaml.safe_dump({
-        "server": SERVER, "checkpoint": f"file://{checkpoint}",
+        "server": SERVER, "checkpoint": f"{hdfs.uri}{checkpoint}",
         "kafka": {"bootstrap_servers": real_kafka.bootstrap_servers, "max_offsets_per_trigger": 200,
                   "events_topic_partitions": 2},
         "spark": {"shuffle_partitions": 2, "trigger_interval": "500 milliseconds"}}))
@@ -143,15 +151,14 @@ def test_pipeline_and_bootstrap_on_a_standalone_cluster_survive_a_worker_killed_
         assert f"{TABLE}: 3 of 3 tasks run" in bootstrap.stdout, bootstrap.stdout
         timings["bootstrap"] = time.monotonic() - started
         (bootstrap_app,) = applications(spark_cluster)["cassandra-cdc-bootstrap"]
-        progress_file = checkpoint / "bootstrap" / f"{TABLE}.json"
-        assert json.loads(progress_file.read_text())["finished"], progress_file
+        assert json.loads(hdfs.read(f"{checkpoint}/bootstrap/{TABLE}.json"))["finished"]
 
         # kill -9 of a worker that runs one of the pipeline's executors, in the middle of the stream: the
         # bootstrap's records and the latest writes are still being merged.
         victim = next(worker for worker in spark_cluster.workers
                       if (worker.work_directory / pipeline_app["id"]).is_dir())
         simulated.run(workload.take(200), sync_every=50)
-        wait_for(lambda: sum(topic_ends(real_kafka, f"{SERVER}.raw").values()) - merged_offsets(checkpoint)
+        wait_for(lambda: sum(topic_ends(real_kafka, f"{SERVER}.raw").values()) - merged_offsets(hdfs, checkpoint)
                  >= BEHIND_AT_THE_KILL, "a backlog to kill the worker in", 60, pipeline, log)
         victim.kill()
         simulated.run(workload.take(100), sync_every=50)
@@ -199,3 +206,7 @@ def test_pipeline_and_bootstrap_on_a_standalone_cluster_survive_a_worker_killed_
     # The bootstrap ran on the cluster's executors (the pipeline did: the victim was chosen by it).
     assert any((worker.work_directory / bootstrap_app["id"]).is_dir() for worker in spark_cluster.workers)
     assert "pipeline running" in log.read_text()
+    # Everything the jobs keep is on HDFS, the layout file and the bootstrap's progress beside Spark's own; none
+    # of it locally, under the URI read as a relative path (as "hdfs:/...": how s3a:// checkpoints once broke).
+    assert {STATE_LAYOUT_FILE, "bootstrap", "commits", "offsets", "state"} <= set(hdfs.list(checkpoint))
+    assert not (tmp_path / "hdfs:").exists()

@@ -6,19 +6,20 @@ at run time. :class:`CassandraCluster` starts N CDC-enabled Cassandra 5.0 nodes,
 one KRaft-mode Kafka broker, :class:`SparkStandaloneCluster` a Spark master and workers (from pyspark),
 :class:`SchemaRegistryServer` a schema registry with the Confluent API, :class:`ConnectWorker` a Kafka
 Connect standalone worker with Debezium's JDBC sink, :class:`PostgresServer` a PostgreSQL server for it to
-write into.
+write into, :class:`HdfsCluster` an HDFS NameNode and DataNode (a checkpoint on ``hdfs://``).
 """
 
 from .artifacts import MissingArtifacts, missing_reason
 from .cassandra import CassandraCluster, CassandraNode, sstable_format
 from .connect import ConnectWorker
+from .hdfs import HdfsCluster
 from .kafka import KafkaBroker
 from .postgres import PostgresServer
 from .process import JvmError
 from .registry import SchemaRegistryServer
 from .spark import SparkStandaloneCluster, SparkWorker
 
-__all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "JvmError", "KafkaBroker",
+__all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "HdfsCluster", "JvmError", "KafkaBroker",
            "MissingArtifacts", "PostgresServer", "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker",
            "missing_reason",
            "sstable_format"]

@@ -11,6 +11,7 @@
     .jvm/lib/connect-plugins/apicurio-converter/
                             Apicurio Registry's AvroConverter (a Connect plugin)
     .jvm/lib/postgres/      a PostgreSQL server build (zonky's, linux-amd64), unpacked in ``server/``
+    .jvm/lib/hdfs/          Apache Hadoop HDFS 3.5 (NameNode, DataNode)
 
 and builds a schema registry application (Apicurio, ``jvm/registry``) into ``.jvm/lib/registry/``.
 
@@ -39,12 +40,13 @@ CONNECT_PLUGINS = "connect-plugins"
 DEBEZIUM_JDBC = f"{CONNECT_PLUGINS}/debezium-jdbc"
 APICURIO_CONVERTER = f"{CONNECT_PLUGINS}/apicurio-converter"
 POSTGRES = "postgres"
+HDFS = "hdfs"
 
 # What each classpath directory must hold for the programs started from it.
 _REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
                  CONNECT: "connect-runtime-", DEBEZIUM_JDBC: "debezium-connector-jdbc-",
                  APICURIO_CONVERTER: "apicurio-registry-utils-converter-",
-                 POSTGRES: "embedded-postgres-binaries-"}
+                 POSTGRES: "embedded-postgres-binaries-", HDFS: "hadoop-hdfs-3"}
 
 # The version a jar's file name ends with (Maven's <artifactId>-<version>[-classifier].jar); a classifier
 # starts with a letter or is a build number, so "-0-10_2.13" stays part of spark-sql-kafka-0-10_2.13.
@@ -61,7 +63,7 @@ def lib_directory() -> Path:
 
 def jars(name: str) -> list[Path]:
     """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``,
-    ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``), sorted by name."""
+    ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``, ``HDFS``), sorted by name."""
     directory = lib_directory() / name
     found = sorted(directory.glob("*.jar"))
     if not any(jar.name.startswith(_REQUIRED_JAR[name]) for jar in found):

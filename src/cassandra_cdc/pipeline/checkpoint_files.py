@@ -31,7 +31,7 @@ class CheckpointFiles(Protocol):
         """Raises OSError or ValueError (not UTF-8) for a file that cannot be read."""
 
     def write_text(self, name: str, text: str) -> None:
-        """Replaces the file (locally at once: a reader sees the old text or the new one)."""
+        """Replaces the file at once: a reader, also after a crash, sees the old text or the new one."""
 
     def delete(self, name: str) -> None:
         """Nothing happens when there is no such file."""
@@ -110,7 +110,10 @@ class HadoopCheckpointFiles:
         self.jvm = spark._jvm  # type: ignore[attr-defined]
         self.checkpoint = checkpoint.rstrip("/")
         root = self.jvm.org.apache.hadoop.fs.Path(self.checkpoint)
-        self.fs = root.getFileSystem(spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
+        configuration = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        self.fs = root.getFileSystem(configuration)
+        self.files = self.jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(
+            root, configuration)
 
     def location(self, name: str) -> str:
         return f"{self.checkpoint}/{name}"
@@ -139,11 +142,17 @@ class HadoopCheckpointFiles:
         return content.decode("utf-8")
 
     def write_text(self, name: str, text: str) -> None:
-        stream = self.fs.create(self.path(name), True)
+        # As Spark writes its own checkpoint files: to a temporary file renamed over the old one on close
+        # (HDFS: an atomic rename), so that a crash mid-write leaves the old file, not a part of the new one.
+        path = self.path(name)
+        self.files.mkdirs(path.getParent())  # the rename's target directory (a first write: the checkpoint's)
+        stream = self.files.createAtomic(path, True)
         try:
             stream.write(bytearray(text.encode("utf-8")))
-        finally:
-            stream.close()
+        except BaseException:
+            stream.cancel()
+            raise
+        stream.close()
 
     def delete(self, name: str) -> None:
         self.fs.delete(self.path(name), False)
