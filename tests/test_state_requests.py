@@ -102,8 +102,7 @@ def test_a_state_that_is_not_pysparks_is_called_one_key_at_a_time(monkeypatch: A
 
 
 def test_another_pyspark_versions_state_client_is_called_one_key_at_a_time(monkeypatch: Any) -> None:
-    client = SimpleNamespace(sockfile=None, _receive_proto_message=None, _serialize_to_bytes=None,
-                             _deserialize_from_bytes=None)
+    client = SimpleNamespace(sockfile=None, _receive_proto_message=None, pickleSer=None)
     assert state_requests._speaks_protocol(client)
     monkeypatch.setattr(state_requests, "PROTOCOL_VERSIONS", ("3.5.",))
     assert not state_requests._speaks_protocol(client)

@@ -11,11 +11,18 @@ back to one call at a time for any other (or for a ``MapState`` that is not PySp
 ahead is bounded so that neither side can wait on the other for ever: a window's requests fit in the
 socket's buffers whatever the answers' sizes (the server may block writing an answer only once it has read
 every request of the window), and the window's answers to writes are a few bytes each.
+
+Keys and values are pickled tuples both ways, without PySpark's conversion to and from ``Row``: the state
+server pickles every value it answers as a call that parses the state's schema from JSON and builds a row
+converter for it, per answer. The states given here must have keys and values that need no conversion
+(numbers, strings, bytes).
 """
 
 from __future__ import annotations
 
+import io
 import logging
+import pickle
 import struct
 from typing import Any, Iterable, Sequence
 
@@ -47,6 +54,8 @@ class MapStateRequests:
         client = getattr(state, "_mapStateClient", None)
         api = getattr(client, "_stateful_processor_api_client", None)
         self._client = client if _speaks_protocol(api) else None
+        if self._client is not None:
+            self._dumps = api.pickleSer.dumps  # as PySpark pickles a row's values for the state server
 
     @property
     def pipelined(self) -> bool:
@@ -57,9 +66,8 @@ class MapStateRequests:
         """The values of ``keys``, in their order (None: no value)."""
         if self._client is None:
             return [self._state.getValue(key) for key in keys]
-        api = self._client._stateful_processor_api_client
         answers = self._exchange(self._request(getValue=proto.GetValue(userKey=self._key(key))) for key in keys)
-        return [api._deserialize_from_bytes(value) if value else None for value in answers]
+        return [_AnswerUnpickler(io.BytesIO(value)).load() if value else None for value in answers]
 
     def update_all(self, items: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
         """Set the value of each ``(key, value)``."""
@@ -67,9 +75,8 @@ class MapStateRequests:
             for key, value in items:
                 self._state.updateValue(key, value)
             return
-        api, value_schema = self._client._stateful_processor_api_client, self._client.value_schema
-        self._exchange(self._request(updateValue=proto.UpdateValue(
-            userKey=self._key(key), value=api._serialize_to_bytes(value_schema, value))) for key, value in items)
+        self._exchange(self._request(updateValue=proto.UpdateValue(userKey=self._key(key), value=self._dumps(value)))
+                       for key, value in items)
 
     def remove_all(self, keys: Iterable[tuple[Any, ...]]) -> None:
         """Remove the values of ``keys``."""
@@ -80,8 +87,7 @@ class MapStateRequests:
         self._exchange(self._request(removeKey=proto.RemoveKey(userKey=self._key(key))) for key in keys)
 
     def _key(self, key: tuple[Any, ...]) -> bytes:
-        client = self._client
-        return client._stateful_processor_api_client._serialize_to_bytes(client.user_key_schema, key)  # type: ignore[union-attr]
+        return self._dumps(key)
 
     def _request(self, **call: Any) -> bytes:
         """A ``StateRequest`` of one ``MapStateCall`` of this state (``call``: its one operation)."""
@@ -120,11 +126,34 @@ class MapStateRequests:
         return [value for _, _, value in answers]
 
 
+class _AnswerUnpickler(pickle.Unpickler):
+    """Reads a value the state server pickled as a ``Row`` as the tuple of its values."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "pyspark.sql.types":
+            if name == "_parse_datatype_json_string":
+                return _ignored_schema
+            if name == "_create_row_inbound_converter":
+                return _values_converter
+        return super().find_class(module, name)
+
+
+def _ignored_schema(_json: str) -> None:
+    return None
+
+
+def _values(*values: Any) -> tuple[Any, ...]:
+    return values
+
+
+def _values_converter(_schema: None) -> Any:
+    return _values
+
+
 def _speaks_protocol(api: Any) -> bool:
     if not pyspark.__version__.startswith(PROTOCOL_VERSIONS):
         return False
-    return all(hasattr(api, name) for name in ("sockfile", "_receive_proto_message", "_serialize_to_bytes",
-                                               "_deserialize_from_bytes"))
+    return all(hasattr(api, name) for name in ("sockfile", "_receive_proto_message", "pickleSer"))
 
 
 __all__ = ["MapStateRequests", "PROTOCOL_VERSIONS", "StateRequestError"]
