@@ -19,6 +19,7 @@ from watchdog.events import (FileClosedEvent, FileCreatedEvent, FileDeletedEvent
 from watchdog.observers import Observer
 
 from ..commitlog.segment_descriptor import cdc_index_file_name, parse_segment_name
+from ..commitlog.segment_reader import SegmentReader
 
 # A line break may end the file (as ``echo`` writes one): the offset is whole once one follows it.
 _INDEX = re.compile(r"([0-9]+)(\r?\nCOMPLETED)?\r?\n?")
@@ -61,6 +62,20 @@ def read_cdc_index(path: Path) -> CdcIndex | None:
     if match is None:
         return None
     return CdcIndex(int(match.group(1)), match.group(2) is not None)
+
+
+def bytes_missing(reader: SegmentReader, durable: int, completed: bool) -> bool:
+    """Whether a segment read to its end stopped short of the offset its idx file says is ``durable``.
+
+    A COMPLETED segment may end before that offset at one of Cassandra's markers: the replay of a segment
+    after a crash rewrites its idx with the file's length (the unused rest of the segment included), COMPLETED.
+    It is short when the file ends first (a file cut short), or, uncompressed, when the offset is past the
+    file's end (its positions are the file's offsets).
+    """
+    if not reader.finished or reader.position >= durable:
+        return False
+    replayed = completed and reader.ended_at_marker and (durable <= reader.file_size or not reader.plain)
+    return not replayed
 
 
 def cdc_raw_bytes(cdc_raw: Path) -> int:

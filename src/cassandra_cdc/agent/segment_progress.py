@@ -38,6 +38,7 @@ class SegmentProgress:
         self.read_all = completed
         self.damaged = damaged  # bytes neither published nor quarantined: kept whole, never cleaned up
         self.index_offset: int | None = None
+        self.index_completed = False
         self.resume: tuple[int, int, int] | None = None  # where the sections read so far end (SegmentReader)
         self.changed_at = time.monotonic()
         self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
@@ -81,7 +82,9 @@ class SegmentProgress:
                 return None, True  # Cassandra 3.x moves a segment in once it is complete
             return None  # 4.0+: no CDC data in this segment (yet)
         if index.completed:
-            return index.offset, True
+            # Read to the end whatever the offset: a segment Cassandra replayed after a crash gets the file's
+            # length as its offset, short of its positions when it is compressed (they are uncompressed ones).
+            return None, True
         if time.monotonic() - self.changed_at >= stale_seconds and have_data(newer):
             log.warning("%s was never COMPLETED (the node restarted?) and newer segments have data: "
                         "reading it to its end", segment.path.name)
@@ -113,6 +116,8 @@ class SegmentProgress:
         """Read the idx file, noting a new durable offset; the index, or None when there is none (yet)."""
         segment = self.segment
         index = read_cdc_index(segment.index_path)
+        if index is not None:
+            self.index_completed = index.completed
         if index is not None and index.offset != self.index_offset:
             self.index_offset = index.offset
             self.changed_at = time.monotonic()

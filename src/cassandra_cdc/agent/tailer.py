@@ -34,7 +34,7 @@ from ..commitlog.segment_reader import DamageKind, Entry
 from ..kafka.outage import unreachable
 from ..kafka.raw_records import TruncationRecord, encode_update
 from ..observability import serve_metrics
-from .cdc_raw import CdcSegment, ChangeNotifier, list_segments
+from .cdc_raw import CdcSegment, ChangeNotifier, bytes_missing, list_segments
 from .agent_config import AgentConfig, ConfigError
 from .deliveries import Deliveries
 from .agent_metrics import DEAD_LETTERS, AgentMetrics
@@ -361,8 +361,9 @@ class Agent:
                 if not self._stopping.is_set():
                     progress.read_position = max(progress.read_position, reader.position)
                     progress.read_all = final
-                    if limit is not None and reader.finished and reader.position < limit:
-                        self.quarantine.short_of_index(progress, reader.position, limit)
+                    if (progress.index_offset is not None
+                            and bytes_missing(reader, progress.index_offset, progress.index_completed)):
+                        self.quarantine.short_of_index(progress, reader.position, progress.index_offset)
             finally:
                 self.deliveries.seal(self._while_blocked)  # the records held back, so that they report delivery
                 self._checkpoint(progress)

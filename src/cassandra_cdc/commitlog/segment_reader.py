@@ -138,11 +138,23 @@ class SegmentReader:
         self.position = self._resume[1]
         #: True once the end of the segment was reached (not merely the limit)
         self.finished = False
+        #: True when that end is a marker of Cassandra's (zeroed space where the next sync marker would be, or a
+        #: zero entry size), not the end of the file
+        self.ended_at_marker = False
         self._section_index = 0
         named = parse_segment_name(os.path.basename(self.path))
         if named and named[1] != self.descriptor.segment_id:
             self.report(DamageKind.SEGMENT_ID_MISMATCH,
                          f"header id {self.descriptor.segment_id}, file name id {named[1]}", 4)
+
+    @property
+    def file_size(self) -> int:
+        return self._size
+
+    @property
+    def plain(self) -> bool:
+        """Neither compressed nor encrypted: logical positions are file offsets."""
+        return self._compressor is None and self._key is None
 
     @property
     def segment_id(self) -> int:
@@ -204,14 +216,13 @@ class SegmentReader:
             next_marker, crc = _MARKER.unpack_from(data, offset)
             if crc != zlib.crc32(_INT.pack(offset), id_crc):
                 if next_marker == 0 and crc == 0:
-                    self.finished = True  # zeroed space after the last section: a clean end
+                    self.finished = self.ended_at_marker = True  # zeroed space after the last section: a clean end
                 else:
                     self.report(DamageKind.BAD_SYNC_MARKER_CRC, f"marker (next={next_marker}, crc={crc:#010x})",
                                  offset, logical)
                 return
             if next_marker < offset or next_marker > self._size:
-                plain = self._compressor is None and self._key is None
-                torn = plain and next_marker > self._size and (self.limit is None or self._size <= self.limit)
+                torn = self.plain and next_marker > self._size and (self.limit is None or self._size <= self.limit)
                 self.report(DamageKind.SYNC_MARKER_PAST_END,
                              f"next marker at {next_marker}, file is {self._size} bytes"
                              + ("; the entries up to the end of the file are read" if torn else ""),
@@ -234,7 +245,7 @@ class SegmentReader:
 
     def _section(self, offset: int, logical: int, next_marker: int) -> Section | None:
         body_start = offset + SYNC_MARKER_SIZE
-        if self._compressor is None and self._key is None:
+        if self.plain:
             return Section(offset, body_start, next_marker, memoryview(self._map)[body_start:next_marker])
         if next_marker - body_start < 4:
             self.report(DamageKind.UNREADABLE_SECTION, "section too short for its length field", offset, logical)
@@ -298,7 +309,7 @@ class SegmentReader:
                 else:
                     size, size_crc = _INT.unpack_from(data, pos)[0], None
                 if size == 0:
-                    self.finished = True  # LEGACY_END_OF_SEGMENT_MARKER
+                    self.finished = self.ended_at_marker = True  # LEGACY_END_OF_SEGMENT_MARKER
                     self.position = max(self.position, base + pos)
                     return
                 if size < MIN_MUTATION_SIZE:
