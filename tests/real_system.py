@@ -117,6 +117,15 @@ def table_id(session: Any, keyspace: str, table: str) -> bytes:
     return row.id.bytes
 
 
+def create_single_replica_table(session: Any, keyspace: str, table: str) -> Any:
+    """``keyspace`` (one replica) and its CDC table ``table (id int PRIMARY KEY, v text)``; the prepared
+    ``INSERT`` of ``(id, v)``."""
+    session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
+                    "{'class': 'SimpleStrategy', 'replication_factor': 1}")
+    session.execute(f"CREATE TABLE {keyspace}.{table} (id int PRIMARY KEY, v text) WITH cdc = true")
+    return session.prepare(f"INSERT INTO {keyspace}.{table} (id, v) VALUES (?, ?)")
+
+
 def topic_exists(bootstrap_servers: str, topic: str) -> bool:
     with AdminClient({"bootstrap.servers": bootstrap_servers}) as admin:
         return topic in admin.list_topics(timeout=10).topics

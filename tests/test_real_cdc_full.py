@@ -23,7 +23,7 @@ from cassandra_cdc.schema import fetch_schema
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput
 from conftest import require_jvm_artifacts
-from real_system import System, raw_records, table_id, wait_for
+from real_system import System, create_single_replica_table, raw_records, table_id, wait_for
 
 KEYSPACE = "cdc_full"
 TABLE = "filled"
@@ -69,10 +69,7 @@ def test_a_full_cdc_raw_is_drained_by_the_agent_and_the_node_accepts_writes_agai
     accepted, rejected = [], []
     with node.driver() as driver:
         session = driver.connect()
-        session.execute(f"CREATE KEYSPACE {KEYSPACE} WITH replication = "
-                        "{'class': 'SimpleStrategy', 'replication_factor': 1}")
-        session.execute(f"CREATE TABLE {KEYSPACE}.{TABLE} (id int PRIMARY KEY, v text) WITH cdc = true")
-        insert = session.prepare(f"INSERT INTO {KEYSPACE}.{TABLE} (id, v) VALUES (?, ?)")
+        insert = create_single_replica_table(session, KEYSPACE, TABLE)
 
         def write(row_id: int) -> bool:
             """Whether the node accepted the row (a timeout, which would leave it unknown, fails the test)."""

@@ -18,7 +18,7 @@ import pytest
 from cassandra_cdc.agent.cdc_raw import list_segments, read_cdc_index
 from cassandra_cdc.localcluster import CassandraCluster
 from conftest import require_jvm_artifacts
-from real_system import System, digests_by_node, table_id, wait_for
+from real_system import System, create_single_replica_table, digests_by_node, table_id, wait_for
 
 KEYSPACE = "crash_replay"
 SERVER = "crashreplay"
@@ -38,10 +38,7 @@ def test_every_write_of_a_compressed_segment_replayed_after_a_crash_is_published
     node = compressed_node.nodes[0]
     with compressed_node.driver() as driver:
         session = driver.connect()
-        session.execute(f"CREATE KEYSPACE {KEYSPACE} WITH replication = "
-                        "{'class': 'SimpleStrategy', 'replication_factor': 1}")
-        session.execute(f"CREATE TABLE {KEYSPACE}.items (id int PRIMARY KEY, v text) WITH cdc = true")
-        insert = session.prepare(f"INSERT INTO {KEYSPACE}.items (id, v) VALUES (?, ?)")
+        insert = create_single_replica_table(session, KEYSPACE, "items")
         for row_id in range(WRITES):
             session.execute(insert, (row_id, f"value {row_id} " * 10))
         items = table_id(session, KEYSPACE, "items")
