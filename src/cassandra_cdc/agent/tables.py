@@ -25,7 +25,7 @@ import uuid
 from typing import Any, Callable, Iterator
 
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
-from ..schema.system_schema import fetch_schema
+from ..schema.system_schema import fetch_versioned_schema, schema_version
 from .agent_config import AgentConfig, CassandraSchemaSource, ConfigError
 
 log = logging.getLogger(__name__)
@@ -79,11 +79,20 @@ class TableRegistry:
 
     def reload(self) -> None:
         self._stamp = self._file_stamp()
-        self.schema = self._load()
-        self._routes.clear()  # tables may have changed
+        schema = self._load()
         self._loaded_at = time.monotonic()
+        if schema is self.schema:
+            return  # the schema read last, unchanged since
+        self.schema = schema
+        self._routes.clear()  # tables may have changed
         names = sorted(t.qualified_name for t in self.schema if self.is_published(t))
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
+
+    def close(self) -> None:
+        """Close the connection the schema is read on, if any."""
+        close = getattr(self._load, "close", None)
+        if close is not None:
+            close()
 
     def reload_if_changed(self) -> None:
         """Reload when the schema file was modified since the last load and has settled.
@@ -214,26 +223,46 @@ def _schema_loader(config: AgentConfig) -> Callable[[], Schema]:
                 raise SchemaError("no CREATE TABLE statement", str(path))
             return schema
         return from_file
+    assert source.cassandra is not None
+    return ClusterSchemaReader(source.cassandra)
 
-    def from_cluster() -> Schema:
+
+class ClusterSchemaReader:
+    """The cluster's schema, read from the node beside the agent over a connection kept open between reads
+    (opened again after a failure). The node logs each of its schema changes as several ``system_schema``
+    mutations, and an agent's start meets every one still in cdc_raw: a read at the schema version read last
+    is answered with that schema, not read again."""
+
+    def __init__(self, settings: CassandraSchemaSource) -> None:
+        self._settings = settings
+        self._node = _address(settings.contact_points[0])
+        self._cluster: Any = None
+        self._session: Any = None
+        self._last: tuple[uuid.UUID, Schema] | None = None
+
+    def __call__(self) -> Schema:
         from cassandra import DriverException
         from cassandra.cluster import NoHostAvailable
 
-        settings = source.cassandra
-        assert settings is not None
-        nodes = ", ".join(settings.contact_points)
         with driver_log_at_debug():
-            cluster = cql_cluster(settings)
             try:
-                # The node beside the agent has applied every schema change its commit log holds.
-                return fetch_schema(cluster.connect(), node=_address(settings.contact_points[0]))
+                if self._session is None:
+                    self._cluster = cql_cluster(self._settings)
+                    self._session = self._cluster.connect()
+                if self._last is None or schema_version(self._session, self._node) != self._last[0]:
+                    # The node beside the agent has applied every schema change its commit log holds.
+                    self._last = fetch_versioned_schema(self._session, self._node)
+                return self._last[1]
             except (NoHostAvailable, DriverException, OSError) as error:
+                self.close()
                 failure = CassandraUnreachable if _nodes_unreachable(error) else ConfigError
-                raise failure(_schema_read_failure(settings, nodes, error)) from None
-            finally:
-                cluster.shutdown()
+                nodes = ", ".join(self._settings.contact_points)
+                raise failure(_schema_read_failure(self._settings, nodes, error)) from None
 
-    return from_cluster
+    def close(self) -> None:
+        if self._cluster is not None:
+            self._cluster.shutdown()
+        self._cluster = self._session = None
 
 
 def _address(host: str) -> str:

@@ -110,6 +110,7 @@ class Agent:
             return self._serve_and_run()
         finally:
             self.publisher.close()
+            self.tables.close()
 
     def _serve_and_run(self) -> int:
         try:

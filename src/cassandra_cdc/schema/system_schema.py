@@ -18,13 +18,14 @@ import datetime
 import time
 import uuid
 from collections import defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
 from .cql import cql_literal
 from .model import ColumnKind, ColumnMetadata, KeyspaceMetadata, Schema, SchemaError, TableMetadata
 from .types import CqlType, CqlTypeError, parse_type, user_type
 
 Row = Mapping[str, Any]
+_Read = TypeVar("_Read")
 
 _KINDS = {
     "partition_key": ColumnKind.PARTITION_KEY,
@@ -60,6 +61,21 @@ def fetch_schema(session: Any, node: str | None = None) -> Schema:
     but not yet in ``dropped_columns``: the read is done again until the node's ``schema_version`` is the
     same after it as before.
     """
+    return fetch_versioned_schema(session, node)[1]
+
+
+def fetch_versioned_schema(session: Any, node: str | None = None) -> tuple[uuid.UUID, Schema]:
+    """As :func:`fetch_schema`, with the ``schema_version`` of the node read (see :func:`schema_version`)."""
+    return _from_a_node(session, node, _consistent_read)
+
+
+def schema_version(session: Any, node: str | None = None) -> uuid.UUID:
+    """The ``schema_version`` of ``node`` (else of the first node up): it changes with every schema change the
+    node applies, so a schema read at the same version is still the node's."""
+    return _from_a_node(session, node, _schema_version)
+
+
+def _from_a_node(session: Any, node: str | None, read: Callable[[Any, Any], _Read]) -> _Read:
     from cassandra import DriverException
     from cassandra.cluster import NoHostAvailable
 
@@ -68,26 +84,26 @@ def fetch_schema(session: Any, node: str | None = None) -> Schema:
     failures: dict[str, Exception] = {}
     for host in hosts:  # a node that is down, times out or is overloaded leaves the read to the next one
         try:
-            return _consistent_read(session, host)
+            return read(session, host)
         except (NoHostAvailable, DriverException, OSError) as error:
             failures.update(getattr(error, "errors", None) or {str(host.endpoint): error})
     raise NoHostAvailable("no node answered the system_schema read", failures)
 
 
-def _consistent_read(session: Any, host: Any) -> Schema:
+def _consistent_read(session: Any, host: Any) -> tuple[uuid.UUID, Schema]:
     for _ in range(CONSISTENT_READ_ATTEMPTS):
         version = _schema_version(session, host)
         rows = {name: [_as_dict(row) for row in session.execute(
                     f"SELECT {_SELECTS.get(name, '*')} FROM system_schema.{name}", host=host)]
                 for name in _TABLES}
         if _schema_version(session, host) == version:
-            return schema_from_system_schema_rows(**rows)
+            return version, schema_from_system_schema_rows(**rows)
         time.sleep(CHANGING_SCHEMA_PAUSE_SECONDS)
     raise SchemaError(f"the schema of node {host.endpoint} changed during each of {CONSISTENT_READ_ATTEMPTS} "
                       "reads", "system_schema")
 
 
-def _schema_version(session: Any, host: Any) -> Any:
+def _schema_version(session: Any, host: Any) -> uuid.UUID:
     row = session.execute("SELECT schema_version FROM system.local", host=host).one()
     return _as_dict(row)["schema_version"]
 
