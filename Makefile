@@ -15,7 +15,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml constraints.txt
 	touch $@
 
 # Real Apache Cassandra, Apache Kafka, Spark's Kafka connector, Kafka Connect with Debezium's JDBC sink and
-# Apicurio's AvroConverter, a PostgreSQL server and Apache Hadoop HDFS for the real-system tests: each pinned runtime classpath
+# Apicurio's AvroConverter, a PostgreSQL server, Apache Hadoop HDFS, an S3 API server and Hadoop's S3A file system
+# for the real-system tests: each pinned runtime classpath
 # (jvm/*/pom.xml) copied by Maven into its own directory under .jvm/lib/; and a schema registry (Apicurio,
 # jvm/registry), which Maven builds into .jvm/lib/registry/, and the converter's ServiceLoader manifest jar
 # (jvm/apicurio-converter). Fetched once: the stamp is newer than the poms, so a re-run fetches nothing.

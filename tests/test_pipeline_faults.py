@@ -14,7 +14,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -22,13 +22,16 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.pipeline.pipeline_config import load_config
-from cassandra_cdc.pipeline.streaming_job import start
+from cassandra_cdc.localcluster import S3Server
+from cassandra_cdc.pipeline.streaming_job import STATE_LAYOUT_FILE, start
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert, Update, to_mutation
 from cassandra_cdc.kafka.raw_records import RawRecord, record_key
 from cassandra_cdc.kafka.schema_records import SchemaRecord
+from conftest import require_jvm_artifacts
 from full_disk import fill, small_filesystem
 
+CHECKPOINT_BUCKET = "checkpoints"
 TABLE_ID = "5c0e7a10-0000-4000-8000-00000000000a"
 V1 = f"""CREATE TABLE app.items (id int PRIMARY KEY, name text, qty int) WITH ID = {TABLE_ID} AND cdc = true;"""
 V2 = f"""CREATE TABLE app.items (id int PRIMARY KEY, name text, qty int, color text)
@@ -173,11 +176,12 @@ def test_a_damaged_record_goes_to_the_errors_topic_and_the_stream_goes_on(broker
 
 
 def pipeline_command(broker: Any, server: str, tmp_path: Path, kafka: dict[str, Any],
-                     spark_conf: dict[str, str] | None = None) -> list[str]:
-    """``cassandra-cdc pipeline`` in its own process, with a config file of these settings."""
+                     spark_conf: dict[str, str] | None = None, checkpoint: str | None = None) -> list[str]:
+    """``cassandra-cdc pipeline`` in its own process, with a config file of these settings (the checkpoint in
+    ``tmp_path`` unless given)."""
     config_path = tmp_path / "pipeline.yaml"
     config_path.write_text(yaml.safe_dump({
-        "server": server, "checkpoint": str(tmp_path / "checkpoint"),
+        "server": server, "checkpoint": checkpoint or str(tmp_path / "checkpoint"),
         "kafka": {"bootstrap_servers": broker.bootstrap_servers, **kafka},
         "spark": {"trigger_interval": "200 milliseconds", "conf": spark_conf or {}}}))
     return [str(Path(sys.executable).with_name("cassandra-cdc")), "pipeline", "--config", str(config_path)]
@@ -200,12 +204,25 @@ def stop_pipeline(process: subprocess.Popen) -> None:
     process.wait(30)
 
 
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    require_jvm_artifacts()
+    with S3Server(tmp_path_factory.mktemp("s3")) as running:
+        running.create_bucket(CHECKPOINT_BUCKET)
+        yield running
+
+
+@pytest.mark.parametrize("store", ["local", "s3a"])
 def test_kill_9_of_the_pipeline_resumes_from_its_checkpoint_with_each_event_committed_once(
-        real_kafka: Any, tmp_path: Path) -> None:
-    server = "killnine"
+        real_kafka: Any, tmp_path: Path, request: pytest.FixtureRequest, store: str) -> None:
+    """The checkpoint in a local directory, or on S3 through Hadoop's S3A file system (an S3 API server here)."""
+    server = f"killnine-{store}"
     publisher = RawPublisher(real_kafka.bootstrap_servers, server)
     schema = publisher.schema(V1)
-    command = pipeline_command(real_kafka, server, tmp_path, {"max_offsets_per_trigger": 100})
+    s3 = request.getfixturevalue("s3") if store == "s3a" else None
+    spark_conf, checkpoint = (s3.spark_conf(), f"s3a://{CHECKPOINT_BUCKET}/{server}") if s3 else (None, None)
+    command = pipeline_command(real_kafka, server, tmp_path, {"max_offsets_per_trigger": 100}, spark_conf,
+                               checkpoint)
     now = time.time_ns() // 1000
     total = 300
     for i in range(total):
@@ -225,6 +242,10 @@ def test_kill_9_of_the_pipeline_resumes_from_its_checkpoint_with_each_event_comm
     events = read_all(real_kafka.bootstrap_servers, topic)
     assert sorted(e["payload"]["after"]["id"] for e in events) == list(range(total))
     assert {e["payload"]["op"] for e in events} == {"c"}
+    if s3 is not None:  # the checkpoint, the layout file with it, is on S3 and nowhere else
+        kept = {key.split("/")[1] for key in s3.list(CHECKPOINT_BUCKET, f"{server}/")}
+        assert {STATE_LAYOUT_FILE, "commits", "offsets", "state"} <= kept, kept
+        assert not (tmp_path / "checkpoint").exists() and not (tmp_path / "s3a:").exists()
 
 
 def test_a_full_checkpoint_disk_fails_the_pipeline_in_one_line_and_the_restart_commits_each_event_once(

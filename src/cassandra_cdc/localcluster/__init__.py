@@ -6,7 +6,8 @@ at run time. :class:`CassandraCluster` starts N CDC-enabled Cassandra 5.0 nodes,
 one KRaft-mode Kafka broker, :class:`SparkStandaloneCluster` a Spark master and workers (from pyspark),
 :class:`SchemaRegistryServer` a schema registry with the Confluent API, :class:`ConnectWorker` a Kafka
 Connect standalone worker with Debezium's JDBC sink, :class:`PostgresServer` a PostgreSQL server for it to
-write into, :class:`HdfsCluster` an HDFS NameNode and DataNode (a checkpoint on ``hdfs://``).
+write into, :class:`HdfsCluster` an HDFS NameNode and DataNode (a checkpoint on ``hdfs://``), :class:`S3Server`
+an S3 API server (a checkpoint on ``s3a://``).
 """
 
 from .artifacts import MissingArtifacts, missing_reason
@@ -17,9 +18,9 @@ from .kafka import KafkaBroker
 from .postgres import PostgresServer
 from .process import JvmError
 from .registry import SchemaRegistryServer
+from .s3 import S3Server
 from .spark import SparkStandaloneCluster, SparkWorker
 
 __all__ = ["CassandraCluster", "CassandraNode", "ConnectWorker", "HdfsCluster", "JvmError", "KafkaBroker",
-           "MissingArtifacts", "PostgresServer", "SchemaRegistryServer", "SparkStandaloneCluster", "SparkWorker",
-           "missing_reason",
-           "sstable_format"]
+           "MissingArtifacts", "PostgresServer", "S3Server", "SchemaRegistryServer", "SparkStandaloneCluster",
+           "SparkWorker", "missing_reason", "sstable_format"]

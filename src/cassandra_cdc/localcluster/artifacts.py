@@ -12,6 +12,8 @@
                             Apicurio Registry's AvroConverter (a Connect plugin)
     .jvm/lib/postgres/      a PostgreSQL server build (zonky's, linux-amd64), unpacked in ``server/``
     .jvm/lib/hdfs/          Apache Hadoop HDFS 3.5 (NameNode, DataNode)
+    .jvm/lib/s3proxy/       S3Proxy, an S3 API server (in memory)
+    .jvm/lib/s3a/           Hadoop's S3A file system (hadoop-aws) and the AWS SDK's S3 client, for Spark
 
 and builds a schema registry application (Apicurio, ``jvm/registry``) into ``.jvm/lib/registry/``.
 
@@ -41,12 +43,15 @@ DEBEZIUM_JDBC = f"{CONNECT_PLUGINS}/debezium-jdbc"
 APICURIO_CONVERTER = f"{CONNECT_PLUGINS}/apicurio-converter"
 POSTGRES = "postgres"
 HDFS = "hdfs"
+S3PROXY = "s3proxy"
+S3A = "s3a"
 
 # What each classpath directory must hold for the programs started from it.
 _REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
                  CONNECT: "connect-runtime-", DEBEZIUM_JDBC: "debezium-connector-jdbc-",
                  APICURIO_CONVERTER: "apicurio-registry-utils-converter-",
-                 POSTGRES: "embedded-postgres-binaries-", HDFS: "hadoop-hdfs-3"}
+                 POSTGRES: "embedded-postgres-binaries-", HDFS: "hadoop-hdfs-3",
+                 S3PROXY: "s3proxy-", S3A: "hadoop-aws-"}
 
 # The version a jar's file name ends with (Maven's <artifactId>-<version>[-classifier].jar); a classifier
 # starts with a letter or is a build number, so "-0-10_2.13" stays part of spark-sql-kafka-0-10_2.13.
@@ -63,7 +68,7 @@ def lib_directory() -> Path:
 
 def jars(name: str) -> list[Path]:
     """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``,
-    ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``, ``HDFS``), sorted by name."""
+    ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``, ``HDFS``, ``S3PROXY``, ``S3A``), sorted by name."""
     directory = lib_directory() / name
     found = sorted(directory.glob("*.jar"))
     if not any(jar.name.startswith(_REQUIRED_JAR[name]) for jar in found):
@@ -140,7 +145,12 @@ def artifact_name(jar: Path) -> str:
 
 
 def spark_kafka_jars(spark_jars_directory: Path) -> list[Path]:
-    """Spark's Kafka connector and what it needs, minus the artifacts Spark itself already ships
+    """Spark's Kafka connector and what it needs, beside Spark's own jars."""
+    return jars_beside_spark(SPARK_KAFKA, spark_jars_directory)
+
+
+def jars_beside_spark(name: str, spark_jars_directory: Path) -> list[Path]:
+    """The jars of a fetched classpath (``SPARK_KAFKA``, ``S3A``) minus the artifacts Spark itself already ships
     (in any version: two copies of one library on a classpath is what breaks it)."""
     shipped = {artifact_name(jar) for jar in spark_jars_directory.glob("*.jar")}
-    return [jar for jar in jars(SPARK_KAFKA) if artifact_name(jar) not in shipped]
+    return [jar for jar in jars(name) if artifact_name(jar) not in shipped]
