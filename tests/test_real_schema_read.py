@@ -1,4 +1,4 @@
-"""``fetch_schema`` on three real Cassandra 5.0 nodes (``real_cassandra``) while DDL changes the schema.
+"""``fetch_schema``, and the agent's reader of it, on three real Cassandra 5.0 nodes (``real_cassandra``).
 
 A schema change reaches the nodes one after the other, so a read that asks each ``system_schema`` table of
 another node can take ``columns`` from a node past a ``DROP`` and ``dropped_columns`` from one before it:
@@ -15,6 +15,8 @@ import pytest
 from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from cassandra.query import tuple_factory
 
+from cassandra_cdc.agent.agent_config import CassandraSchemaSource
+from cassandra_cdc.agent.tables import ClusterSchemaReader
 from cassandra_cdc.schema import fetch_schema
 
 KEYSPACE = "schema_read"
@@ -68,3 +70,23 @@ def test_rows_that_are_neither_dicts_nor_named_tuples_are_refused(real_cassandra
         session.get_execution_profile(EXEC_PROFILE_DEFAULT).row_factory = tuple_factory
         with pytest.raises(TypeError, match="dicts or named tuples"):
             fetch_schema(session)
+
+
+def test_the_agents_reader_reads_the_schema_again_only_once_the_nodes_version_changed(real_cassandra: Any) -> None:
+    """The agent reloads on every ``system_schema`` mutation its node logs, several per DDL statement and every
+    one still in cdc_raw at its start: a reload at an unchanged schema version costs one query."""
+    node = real_cassandra.nodes[1]
+    reader = ClusterSchemaReader(CassandraSchemaSource(contact_points=[node.address],
+                                                       port=real_cassandra.native_port))
+    try:
+        first = reader()
+        assert reader() is first
+        with real_cassandra.driver() as driver:
+            driver.connect().execute(f"CREATE KEYSPACE {KEYSPACE}_reader WITH replication = "
+                                     "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}")
+            assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+        changed = reader()
+        assert changed is not first and f"{KEYSPACE}_reader" in changed.keyspaces
+        assert reader() is changed
+    finally:
+        reader.close()
