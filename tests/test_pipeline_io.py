@@ -467,6 +467,39 @@ def test_schema_catalog_is_shared_and_reads_only_what_is_new(broker):
     producer.close()
 
 
+def test_a_definition_older_than_the_one_held_does_not_replace_it(real_kafka, caplog):
+    """An agent whose node applies a DROP later than the others' publishes the table without the DROP after
+    they published it with: the catalog keeps the newer definition, whose dropped column decodes the
+    records written before the DROP; a later change is taken."""
+    topic = f"catalog-late-{uuid.uuid4().hex[:8]}"
+    table_id = "6c0e7a10-0000-4000-8000-0000000000e1"
+    create = f"CREATE TABLE ks.t (id int PRIMARY KEY, a text, b int) WITH ID = {table_id} AND cdc = true;"
+    with Producer({"bootstrap.servers": real_kafka.bootstrap_servers, "acks": "all"}) as producer:
+        def publish(cql: str, node: str) -> str:
+            record = SchemaRecord.of(parse_schema(cql).table("ks", "t"), node)
+            producer.produce(topic, record.encode(), record.key)
+            assert producer.flush(30) == 0
+            return record.version
+
+        before = publish(create, "node3")
+        dropped = publish(create + " ALTER TABLE ks.t DROP b USING TIMESTAMP 1700000000000000;", "node1")
+        publish(create, "node3")  # late: node3 had not applied the DROP yet
+        catalog = SchemaCatalog(real_kafka.bootstrap_servers, (topic,))
+        try:
+            with caplog.at_level("WARNING", logger="cassandra_cdc"):
+                assert catalog.refresh() is True
+            table, version = catalog.table(uuid.UUID(table_id))
+            assert version == dropped != before
+            assert [c.name for c in table.dropped] == ["b"] and [c.name for c in table.columns] == ["id", "a"]
+            assert [r.getMessage() for r in caplog.records if "node3" in r.getMessage() and "lacks b" in
+                    r.getMessage()] != []
+            added = publish(create + " ALTER TABLE ks.t DROP b USING TIMESTAMP 1700000000000000;"
+                            " ALTER TABLE ks.t ADD c int;", "node2")
+            assert catalog.refresh() is True and catalog.table(uuid.UUID(table_id))[1] == added
+        finally:
+            catalog.close()
+
+
 def test_the_catalog_reads_the_schemas_an_earlier_version_published_on_the_server_topic(real_kafka, caplog):
     """Versions before published the table schemas on ``<server>``: after an upgrade the catalog reads them
     there first, then ``<server>.table-schemas``, whose definitions replace them; records on ``<server>`` that

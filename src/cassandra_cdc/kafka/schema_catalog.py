@@ -2,7 +2,9 @@
 
 The catalog reads one or more topics, in order (by default the schema topic of versions before it,
 ``<server>``, then ``<server>.table-schemas``, ``topic_names.schema_topics``): a later definition of a
-table replaces an earlier one, and records that are not schema records are skipped.
+table replaces an earlier one, unless it lacks a column the held one has (or has dropped) without recording
+it dropped: then it is older, published late by an agent whose node had not applied a change yet, and is
+ignored (logged). Records that are not schema records are skipped.
 
 The pipeline never connects to Cassandra: a raw record names its table by id, and the schema topic
 maps ids to definitions. The catalog reads the (compacted, small) topic to its end once, then only
@@ -45,6 +47,7 @@ class SchemaCatalog:
         self.topics = topics
         self.schema = Schema()
         self._versions: dict[uuid.UUID, str] = {}
+        self._ignored: set[tuple[uuid.UUID, str]] = set()  # (table id, version): older than the one held
         self._follower = TopicFollower(settings, TIMEOUT_SECONDS)
         self._on_record = on_record
 
@@ -99,7 +102,30 @@ class SchemaCatalog:
         except (ValueError, TypeError) as error:
             log.error("ignoring an unreadable schema record: %s", error)
             return
+        held = self.schema.table_by_id(table.id)
+        lost = [] if held is None else lost_columns(table, held)
+        if lost:
+            if (table.id, record.version) not in self._ignored:
+                self._ignored.add((table.id, record.version))
+                log.warning("ignoring version %s of %s from %s: it lacks %s of the version held (%s), neither as "
+                            "columns nor as dropped ones: a definition older than the one held, published late "
+                            "(or a schema file that does not record its drops)", record.version,
+                            table.qualified_name, record.node, ", ".join(lost), self._versions[table.id])
+            return
         self.schema.add_table(table)
         self._versions[table.id] = record.version
         if self._on_record is not None:
             self._on_record(record, table)
+
+
+def lost_columns(candidate: TableMetadata, held: TableMetadata) -> list[str]:
+    """The columns of ``held`` that ``candidate``, a definition of the same table, lacks as columns and as
+    dropped columns, and the dropped columns of ``held`` it does not record as dropped as late: Cassandra
+    drops a column only by recording it dropped, and keeps the record (a column added again keeps it too),
+    so a definition that lacks either is older than ``held``."""
+    kept = {column.name for column in candidate.regular_and_static}
+    dropped_at = {column.name: column.dropped_time for column in candidate.dropped}
+    lost = [column.name for column in held.regular_and_static
+            if column.name not in kept and column.name not in dropped_at]
+    lost += [column.name for column in held.dropped if dropped_at.get(column.name, -1) < column.dropped_time]
+    return lost
