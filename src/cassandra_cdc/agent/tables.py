@@ -388,5 +388,7 @@ def cql_cluster(settings: CassandraSchemaSource, only_node: str | None = None) -
         contact_points = settings.contact_points
         policy = TokenAwarePolicy(DCAwareRoundRobinPolicy(settings.local_dc))
     profile = ExecutionProfile(load_balancing_policy=policy)
+    # The agent reads system_schema itself: the driver's own copy of the schema, refreshed at every schema
+    # change while the connection is kept open, would be read for nothing.
     return Cluster(contact_points, port=settings.port, auth_provider=auth, ssl_context=context,
-                   execution_profiles={EXEC_PROFILE_DEFAULT: profile})
+                   execution_profiles={EXEC_PROFILE_DEFAULT: profile}, schema_metadata_enabled=False)
