@@ -237,10 +237,3 @@ class KafkaBroker(JvmService):
     def restart(self) -> float:
         self.stop()
         return self.start()
-
-    def __enter__(self) -> "KafkaBroker":
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()

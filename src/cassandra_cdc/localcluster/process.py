@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Self, Sequence
 
+from ..simulator.broker import free_port
+
 _PR_SET_PDEATHSIG = 1
 # Looked up before any fork: the child, between fork and exec, only calls it.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
@@ -145,7 +147,8 @@ class JvmProcess:
 
 
 class JvmService:
-    """What a node or a broker built on one :class:`JvmProcess` (``self._process``) shares."""
+    """What a node, a broker or a server built on one :class:`JvmProcess` (``self._process``) shares; as a
+    context manager it runs for the block (``start``, then ``stop``)."""
 
     _process: JvmProcess
 
@@ -156,6 +159,39 @@ class JvmService:
     @property
     def pid(self) -> int | None:
         return self._process.pid
+
+    def _place(self, work_dir: str | Path, startup_timeout: float) -> None:
+        """A server's directory (made if missing), a free port on loopback, and how long it may take to start."""
+        self.work_dir = Path(work_dir).resolve()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.host = "127.0.0.1"
+        self.port = free_port(self.host)
+        self.startup_timeout = startup_timeout
+
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def _start_listening(self, host: str, port: int, timeout: float) -> float:
+        """Start the program and wait until it listens on ``host:port`` (killed if it does not); the seconds
+        it took."""
+        started = time.monotonic()
+        self._process.start()
+        try:
+            self._process.wait_for_port(host, port, timeout)
+        except BaseException:
+            self._process.kill()
+            raise
+        return time.monotonic() - started
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
 
 
 class JvmCluster(abc.ABC):

@@ -15,14 +15,12 @@ command line; its log is ``work_dir/logs/stdout.log``. What it stores is gone wh
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Callable, Mapping
 
 from . import artifacts
 from .certificates import IssuedCertificate
 from .process import SERVICE_JVM, JvmProcess, JvmService, properties_text
-from ..simulator.broker import free_port
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +37,8 @@ class SchemaRegistryServer(JvmService):
     def __init__(self, work_dir: str | Path, certificate: IssuedCertificate, users: Mapping[str, str], *,
                  heap: str = "256m", startup_timeout: float = 120.0,
                  progress: Callable[[str], None] | None = None) -> None:
-        self.work_dir = Path(work_dir).resolve()
-        self.host = "127.0.0.1"
-        self.port = free_port(self.host)
-        self.startup_timeout = startup_timeout
+        self._place(work_dir, startup_timeout)
         self._progress = progress or log.info
-        self.work_dir.mkdir(parents=True, exist_ok=True)
         settings = self.work_dir / "registry.properties"
         settings.write_text(properties_text({
             "quarkus.http.host": self.host,
@@ -74,23 +68,9 @@ class SchemaRegistryServer(JvmService):
 
     def start(self) -> float:
         """Start the registry and wait until it listens; returns the seconds it took."""
-        started = time.monotonic()
-        self._process.start()
-        try:
-            self._process.wait_for_port(self.host, self.port, self.startup_timeout)
-        except BaseException:
-            self._process.kill()
-            raise
-        seconds = time.monotonic() - started
+        seconds = self._start_listening(self.host, self.port, self.startup_timeout)
         self._progress(f"schema registry {self.url} up in {seconds:.1f} s")
         return seconds
 
     def stop(self, timeout: float = 30.0) -> None:
         self._process.stop(timeout)
-
-    def __enter__(self) -> "SchemaRegistryServer":
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ElementTree
@@ -26,8 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import artifacts
-from .process import SERVICE_JVM, JvmError, JvmProcess, JvmService, properties_text
-from ..simulator.broker import free_port
+from .process import SERVICE_JVM, JvmProcess, JvmService, properties_text
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +37,8 @@ class S3Server(JvmService):
 
     def __init__(self, work_dir: str | Path, *, heap: str = "256m", startup_timeout: float = 60.0,
                  progress: Callable[[str], None] | None = None) -> None:
-        self.work_dir = Path(work_dir).resolve()
-        self.host = "127.0.0.1"
-        self.port = free_port(self.host)
-        self.startup_timeout = startup_timeout
+        self._place(work_dir, startup_timeout)
         self._progress = progress or log.info
-        self.work_dir.mkdir(parents=True, exist_ok=True)
         settings = self.work_dir / "s3proxy.properties"
         settings.write_text(properties_text({
             "s3proxy.endpoint": self.endpoint, "s3proxy.authorization": "none", "jclouds.provider": "transient"}))
@@ -95,15 +89,8 @@ class S3Server(JvmService):
 
     def start(self) -> float:
         """Start the server and wait until it answers; returns the seconds it took."""
-        started = time.monotonic()
         self._progress(f"starting S3 server {self.endpoint}")
-        self._process.start()
-        try:
-            self._process.wait_for_port(self.host, self.port, self.startup_timeout)
-        except JvmError:
-            self._process.kill()
-            raise
-        seconds = time.monotonic() - started
+        seconds = self._start_listening(self.host, self.port, self.startup_timeout)
         self._progress(f"S3 server {self.endpoint} up in {seconds:.1f} s")
         return seconds
 
@@ -111,10 +98,3 @@ class S3Server(JvmService):
         if self.running:
             self._process.stop(timeout)
             self._progress(f"S3 server {self.endpoint} stopped")
-
-    def __enter__(self) -> "S3Server":
-        self.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self.stop()
