@@ -549,7 +549,7 @@ def test_an_update_the_merge_refuses_is_dead_lettered_and_the_batch_goes_on(brok
     the errors topic, as an undecodable one is, instead of failing the task on every retry; the batch's
     other records are merged."""
     schema = parse_schema("""CREATE TABLE app.visits (id int, day int, page text, PRIMARY KEY (id, day))
-        WITH ID = 7d0e7a10-0000-4000-8000-00000000000e AND cdc = true;""")
+        WITH ID = 7d0e7a10-0000-4000-8000-00000000000f AND cdc = true;""")
     owner, handle = started_processor(broker, monkeypatch, [schema.table("app", "visits")])
     try:
         [unclosed] = to_mutation(DeleteRange("app.visits", {"id": 1}, start=3, end=9, timestamp=NOW), schema).updates
