@@ -72,8 +72,6 @@ class HdfsCluster(JvmCluster):
             "dfs.datanode.hostname": self.host,
             "dfs.replication": 1,
             "dfs.permissions.enabled": False,
-            # A DataNode killed and started again is taken back at once, not after the NameNode's recheck.
-            "dfs.namenode.heartbeat.recheck-interval": 10_000,
         }))
         (conf / "log4j.properties").write_text(_LOG4J)
         self.log_dir = self.work_dir / "logs"
@@ -109,8 +107,8 @@ class HdfsCluster(JvmCluster):
         """Until the NameNode has a live DataNode and has left safe mode: until then writes fail."""
         while True:
             try:
-                state = self._namenode_state()
-                if state.get("NumLiveDataNodes", 0) >= 1 and not self._in_safe_mode():
+                if (self._namenode_bean("FSNamesystemState").get("NumLiveDataNodes", 0) >= 1
+                        and not self._namenode_bean("NameNodeInfo").get("Safemode")):
                     return
             except (OSError, ValueError):
                 pass  # not answering yet
@@ -121,17 +119,12 @@ class HdfsCluster(JvmCluster):
                 raise JvmError(f"HDFS {self.uri}: no live DataNode after {self.startup_timeout:.0f} s")
             time.sleep(0.5)
 
-    def _namenode_state(self) -> dict[str, Any]:
-        query = urllib.parse.quote("Hadoop:service=NameNode,name=FSNamesystemState")
+    def _namenode_bean(self, name: str) -> dict[str, Any]:
+        """One of the NameNode's JMX beans (``Hadoop:service=NameNode,name=<name>``), through its web server."""
+        query = urllib.parse.quote(f"Hadoop:service=NameNode,name={name}")
         with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/jmx?qry={query}", timeout=5) as answer:
             beans = json.load(answer)["beans"]
         return beans[0] if beans else {}
-
-    def _in_safe_mode(self) -> bool:
-        query = urllib.parse.quote("Hadoop:service=NameNode,name=NameNodeInfo")
-        with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/jmx?qry={query}", timeout=5) as answer:
-            beans = json.load(answer)["beans"]
-        return bool(beans and beans[0].get("Safemode"))
 
     def _webhdfs(self, path: str, operation: str) -> Any:
         url = (f"http://{self.host}:{self.http_port}/webhdfs/v1{urllib.parse.quote(path)}"

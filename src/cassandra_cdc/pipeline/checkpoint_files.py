@@ -104,16 +104,15 @@ def _fsync_directory(directory: Path) -> None:
 
 
 class HadoopCheckpointFiles:
-    """The checkpoint's files through the Hadoop ``FileSystem`` the session's JVM resolves the URI to."""
+    """The checkpoint's files through Spark's own ``CheckpointFileManager`` for the URI (Hadoop's file system
+    the session's JVM resolves it to), as Spark reads and writes its checkpoint files."""
 
     def __init__(self, spark: SparkSession, checkpoint: str) -> None:
         self.jvm = spark._jvm  # type: ignore[attr-defined]
         self.checkpoint = checkpoint.rstrip("/")
-        root = self.jvm.org.apache.hadoop.fs.Path(self.checkpoint)
-        configuration = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
-        self.fs = root.getFileSystem(configuration)
         self.files = self.jvm.org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.create(
-            root, configuration)
+            self.jvm.org.apache.hadoop.fs.Path(self.checkpoint),
+            spark._jsc.hadoopConfiguration())  # type: ignore[attr-defined]
 
     def location(self, name: str) -> str:
         return f"{self.checkpoint}/{name}"
@@ -122,17 +121,17 @@ class HadoopCheckpointFiles:
         return self.jvm.org.apache.hadoop.fs.Path(self.location(name))
 
     def exists(self, name: str) -> bool:
-        return bool(self.fs.exists(self.path(name)))
+        return bool(self.files.exists(self.path(name)))
 
     def batch_files(self, directory: str) -> list[str]:
         if not self.exists(directory):
             return []
-        names = sorted(status.getPath().getName() for status in self.fs.listStatus(self.path(directory)))
+        names = sorted(status.getPath().getName() for status in self.files.list(self.path(directory)))
         return [f"{directory}/{name}" for name in names if is_batch_id(name)]
 
     def read_text(self, name: str) -> str:
         try:
-            stream = self.fs.open(self.path(name))
+            stream = self.files.open(self.path(name))
             try:
                 content = bytes(stream.readAllBytes())
             finally:
@@ -155,7 +154,7 @@ class HadoopCheckpointFiles:
         stream.close()
 
     def delete(self, name: str) -> None:
-        self.fs.delete(self.path(name), False)
+        self.files.delete(self.path(name))
 
 
 def checkpoint_files(checkpoint: str, spark: SparkSession | None) -> CheckpointFiles | None:
