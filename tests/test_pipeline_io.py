@@ -496,6 +496,17 @@ def test_a_definition_older_than_the_one_held_does_not_replace_it(real_kafka, ca
             added = publish(create + " ALTER TABLE ks.t DROP b USING TIMESTAMP 1700000000000000;"
                             " ALTER TABLE ks.t ADD c int;", "node2")
             assert catalog.refresh() is True and catalog.table(uuid.UUID(table_id))[1] == added
+            # b added again: a definition from between its DROP and its ADD, published late, is older too
+            drop = " ALTER TABLE ks.t DROP b USING TIMESTAMP 1700000000000000; ALTER TABLE ks.t ADD c int;"
+            added_again = publish(create + drop + " ALTER TABLE ks.t ADD b int;", "node1")
+            publish(create + drop, "node3")
+            assert catalog.refresh() is True
+            table, version = catalog.table(uuid.UUID(table_id))
+            assert version == added_again and [c.name for c in table.columns] == ["id", "a", "b", "c"]
+            # dropped again later: taken
+            dropped_again = publish(create + drop + " ALTER TABLE ks.t ADD b int;"
+                                    " ALTER TABLE ks.t DROP b USING TIMESTAMP 1700000000000001;", "node2")
+            assert catalog.refresh() is True and catalog.table(uuid.UUID(table_id))[1] == dropped_again
         finally:
             catalog.close()
 

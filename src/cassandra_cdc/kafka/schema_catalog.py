@@ -119,13 +119,17 @@ class SchemaCatalog:
 
 
 def lost_columns(candidate: TableMetadata, held: TableMetadata) -> list[str]:
-    """The columns of ``held`` that ``candidate``, a definition of the same table, lacks as columns and as
-    dropped columns, and the dropped columns of ``held`` it does not record as dropped as late: Cassandra
-    drops a column only by recording it dropped, and keeps the record (a column added again keeps it too),
-    so a definition that lacks either is older than ``held``."""
+    """The columns of ``held`` that ``candidate``, a definition of the same table, lacks without a drop newer
+    than ``held`` knows of, and the dropped columns of ``held`` it does not record as dropped as late.
+
+    Cassandra drops a column only by recording it dropped, and keeps the record (a column added again keeps
+    it too), so a definition that lacks either is older than ``held``. A column ``held`` has and also records
+    dropped was added again after that drop: a definition that lacks it by the same drop (or an earlier one)
+    is from between the two."""
     kept = {column.name for column in candidate.regular_and_static}
     dropped_at = {column.name: column.dropped_time for column in candidate.dropped}
+    held_dropped_at = {column.name: column.dropped_time for column in held.dropped}
     lost = [column.name for column in held.regular_and_static
-            if column.name not in kept and column.name not in dropped_at]
-    lost += [column.name for column in held.dropped if dropped_at.get(column.name, -1) < column.dropped_time]
+            if column.name not in kept and dropped_at.get(column.name, -1) <= held_dropped_at.get(column.name, -1)]
+    lost += [name for name, dropped_time in held_dropped_at.items() if dropped_at.get(name, -1) < dropped_time]
     return lost
