@@ -13,7 +13,8 @@ import cassandra_cdc.agent.tables as tables_module
 from cassandra_cdc.agent import Agent
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput
-from cassandra_cdc.schema import parse_schema
+from cassandra_cdc.commitlog.mutation import Mutation
+from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import Insert, to_mutation
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 
@@ -225,4 +226,56 @@ def test_schema_change_logged_by_the_node_reloads_the_cluster_schema(harness: Ma
         raw.wait_for(lambda: altered in raw.arrival, "the change after the ALTER")
         assert metric(agent, "cassandra_cdc_agent_mutations_read_total", table="system_schema.columns") == 1
     assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
+    raw.close()
+
+
+EVENTS_ALTERED_CQL = ALTERED_CQL.replace("s int static,", "s int static, w text,")
+
+
+@pytest.mark.parametrize("missed", ["read before the node applied it", "read failed"])
+def test_a_schema_read_that_misses_a_logged_change_is_made_again_before_the_records_that_need_it(
+        harness: MakeHarness, missed: str) -> None:
+    """The node logs a schema change before it applies it: the agent's read at the logged change can come in
+    between and get the schema before, or fail and keep it. The agent reads it again before the records that
+    need the change: the new definition reaches the schema topic before the record of one update (published
+    undecoded), and a mutation of several updates (decoded to be split) is published, not dead-lettered."""
+    schemas = [parse_schema(cql + SYSTEM_CQL) for cql in (SCHEMA_CQL, ALTERED_CQL, EVENTS_ALTERED_CQL)]
+    alters = {"logged": 0, "applied": 0}
+
+    def read_schema() -> Schema:
+        if alters["applied"] < alters["logged"]:  # the agent's read at a logged ALTER: not applied yet
+            alters["applied"] = alters["logged"]
+            if missed == "read failed":
+                raise tables_module.CassandraUnreachable("no node answers")
+            return schemas[alters["logged"] - 1]
+        return schemas[alters["applied"]]
+
+    def from_cluster(agent: Agent) -> None:
+        agent.tables = tables_module.TableRegistry(agent.config, loader=read_schema)
+
+    def log_alter(table: str, column: str) -> None:
+        alters["logged"] += 1
+        h.insert("system_schema.columns", keyspace_name="ks", table_name=table, column_name=column,
+                 kind="regular", position=-1, type="text", clustering_order="none")
+
+    h = harness(published={"ks.users"}, node_schema=schemas[-1])
+    h.insert("ks.users", id=1, name="before")
+    h.node.sync()
+    with running(h.config(), from_cluster):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the change before the ALTER")
+        log_alter("users", "email")
+        single = insert_with_email(h, 2)
+        h.node.sync()
+        raw.wait_for(lambda: single in raw.arrival, "the change after the ALTER")
+        assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
+        log_alter("events", "w")
+        stamp = h.workload.clock.tick
+        users = to_mutation(Insert("ks.users", {"id": 3, "email": "3@x"}, timestamp=stamp()), schemas[-1])
+        events = to_mutation(Insert("ks.events", {"pk": 3, "ck": 1, "w": "w"}, timestamp=stamp()),
+                             schemas[-1])
+        several = (*h.write_mutation(Mutation(users.updates + events.updates)), users.updates[0].table.id)
+        h.node.sync()
+        raw.wait_for(lambda: several in raw.arrival, "a mutation of two updates after the second ALTER")
+    assert alters == {"logged": 2, "applied": 2}
     raw.close()

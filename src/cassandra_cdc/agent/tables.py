@@ -40,6 +40,9 @@ RELOAD_INTERVAL_SECONDS = 10.0
 UNREACHABLE_RETRY_SECONDS = 2.0
 # While a mutation of an unknown table holds reading back, the schema is reloaded this often.
 AWAIT_RELOAD_SECONDS = 1.0
+# A node applies a schema change right after it logs it: a schema read started this long after the agent read
+# the change in the commit log has it.
+SCHEMA_APPLIED_SECONDS = 1.0
 # A changed schema file is read once it has stayed unchanged this long: an editor or a copy may still be
 # writing it, and a half-written file could parse into a schema that lacks tables.
 SETTLE_SECONDS = 0.5
@@ -56,6 +59,8 @@ class TableRegistry:
         self._given_up: set[uuid.UUID] = set()
         # Per table id (its 16 bytes), for the schema loaded: what the per-record path needs of the table.
         self._routes: dict[bytes, Route] = {}
+        # After a logged schema change, until a read that surely has it: when to read again (monotonic).
+        self._confirm_at: float | None = None
         self.schema = Schema()
         self._first_load()
 
@@ -112,20 +117,63 @@ class TableRegistry:
         log.info("schema file %s changed: reloading it", path)
         self._reload_or_keep()
 
-    def _reload_or_keep(self) -> None:
+    def _reload_or_keep(self) -> bool:
         """Reload while running: a schema that cannot be loaded now keeps the previous one rather than stopping
-        the agent (it is tried again when the file changes or the next reload is due)."""
+        the agent (it is tried again when the file changes or the next reload is due). Whether it loaded."""
         try:
             self.reload()
         except Exception as error:  # noqa: BLE001 - any loader's failure (parse, I/O, cluster unreachable)
             self._loaded_at = time.monotonic()
             log.error("the schema cannot be loaded (%s): keeping the schema loaded before", error)
+            return False
+        return True
 
     def schema_changed(self) -> None:
         """The node logged a schema change: reload, so later records use the new definition. Not rate-limited:
         the data that needs the change follows it at once, and DDL statements come close together (ALTER
-        after CREATE), so a skipped reload would leave the next table unknown and its mutations skipped."""
-        self._reload_or_keep()
+        after CREATE), so a skipped reload would leave the next table unknown and its mutations skipped.
+
+        The read may still lack the change: the node logs it before it applies it (a read in between sees the
+        schema before), and a read can fail (the previous schema kept). When it failed or read nothing new (or
+        an earlier such read is not confirmed yet), ``may_lag`` says so until a read started
+        ``SCHEMA_APPLIED_SECONDS`` later succeeds. A node applies its schema changes one at a time, in the
+        order it logs them: a read that has a change newer than the last one read has every change logged
+        before."""
+        before = self.schema
+        if not self._reload_or_keep() or self.schema is before or self._confirm_at is not None:
+            self._confirm_at = time.monotonic() + SCHEMA_APPLIED_SECONDS
+
+    def may_lag(self) -> bool:
+        """Whether the schema loaded may lack a schema change the node logged (see ``schema_changed``); once
+        the time has come, reads again (at most every ``AWAIT_RELOAD_SECONDS`` while it fails) to know."""
+        if self._confirm_at is None:
+            return False
+        if time.monotonic() >= self._confirm_at:
+            if self._reload_or_keep():
+                self._confirm_at = None
+                return False
+            self._confirm_at = time.monotonic() + AWAIT_RELOAD_SECONDS
+        return True
+
+    def reload_for_undecodable(self, where: str, pause: Callable[[float], bool]) -> bool | None:
+        """A mutation at ``where`` does not decode with the schema loaded, which may be older than the one its
+        node wrote it with (see ``schema_changed``): read the schema again, waiting while it cannot be read
+        (every ``AWAIT_RELOAD_SECONDS``, for up to ``unknown_table_wait_seconds``). True when the schema read
+        differs from the one loaded before (decode again), False when not (the mutation is damaged), None when
+        the agent stops meanwhile (``pause`` returned True)."""
+        before = self.schema
+        deadline = time.monotonic() + self._config.unknown_table_wait_seconds
+        while not self._reload_or_keep():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if pause(min(AWAIT_RELOAD_SECONDS, remaining)):
+                return None
+        if self.schema is before:
+            return False
+        log.info("%s: a mutation that does not decode with the schema loaded: decoding it again with the "
+                 "schema read now", where)
+        return True
 
     def _file_stamp(self) -> tuple[int, int] | None:
         path = self._config.schema_.file
@@ -250,7 +298,8 @@ class ClusterSchemaReader:
                     self._cluster = cql_cluster(self._settings)
                     self._session = self._cluster.connect()
                 if self._last is None or schema_version(self._session, self._node) != self._last[0]:
-                    # The node beside the agent has applied every schema change its commit log holds.
+                    # The node beside the agent has applied every schema change its commit log holds (but for
+                    # one it logged and is applying now: see TableRegistry.schema_changed).
                     self._last = fetch_versioned_schema(self._session, self._node)
                 return self._last[1]
             except (NoHostAvailable, DriverException, OSError) as error:

@@ -28,7 +28,7 @@ from confluent_kafka import KafkaException
 
 from ..commitlog import Damage, SegmentReader
 from ..commitlog.segment_errors import CommitLogError, DescriptorError
-from ..storage import MutationDecodeError, UnknownTableError
+from ..storage import MutationDecodeError, PartitionUpdateSerializer, UnknownTableError
 from ..commitlog.mutation import split_partition_updates
 from ..commitlog.segment_reader import DamageKind, Entry
 from ..kafka.outage import unreachable
@@ -401,23 +401,40 @@ class Agent:
         """An entry's partition updates and their tables' routes, once the schema has each of their tables
         (waiting for it, see ``TableRegistry.await_table``); else True to go on past the entry (a dropped
         table's mutation skipped, an undecodable one dead-lettered), or False when stopped (the entry is read
-        again after the restart)."""
+        again after the restart).
+
+        A mutation that does not decode may be newer than the schema loaded (see
+        ``TableRegistry.schema_changed``): the schema is read again first, and only a mutation the newer one
+        does not decode either is dead-lettered. The update of a mutation that has only one is published
+        undecoded (``split_partition_updates``): while the schema may lag behind the node's, its column lists
+        are checked, so that a column added since reaches the schema topic before the record that needs it."""
+        reread = False
         while True:
             try:
                 updates = split_partition_updates(entry.body, self.tables.schema, version)
+                routes = [self.tables.route(update[:16]) for update in updates]
+                if None not in routes:
+                    known = cast(list[Route], routes)
+                    if len(updates) == 1 and known[0].published and self.tables.may_lag():
+                        PartitionUpdateSerializer.check_columns(updates[0], self.tables.schema)
+                    return known, updates
+                unknown = uuid.UUID(bytes=updates[routes.index(None)][:16])
             except UnknownTableError as error:
                 unknown = error.table_id
             except MutationDecodeError as error:
+                if not reread:
+                    reread = True
+                    newer = self.tables.reload_for_undecodable(_where(progress, entry),
+                                                               partial(self._pause, progress))
+                    if newer is None:
+                        return False
+                    if newer:
+                        continue
                 return self._dead_letter(progress, Damage(
                     str(progress.segment.path), DamageKind.UNDECODABLE_MUTATION, str(error),
                     entry.section_offset, entry.section, entry.start, entry.body))
-            else:
-                routes = [self.tables.route(update[:16]) for update in updates]
-                if None not in routes:
-                    return cast(list[Route], routes), updates
-                unknown = uuid.UUID(bytes=updates[routes.index(None)][:16])
-            where = f"{progress.segment.path.name} offset {entry.start}"
-            if self.tables.await_table(unknown, where, partial(self._pause, progress)) is None:
+            waited = self.tables.await_table(unknown, _where(progress, entry), partial(self._pause, progress))
+            if waited is None:
                 if self._stopping.is_set():
                     return False
                 self.metrics.skipped.inc()  # Cassandra drops the whole mutation
@@ -588,3 +605,8 @@ class Agent:
             saved = self.positions.get(segment.segment_id)
             if saved is None or not saved.completed:
                 ensure_key(segment, self.keystore)
+
+
+def _where(progress: SegmentProgress, entry: Entry) -> str:
+    """An entry's place, for the log: its segment's file name and its offset."""
+    return f"{progress.segment.path.name} offset {entry.start}"

@@ -75,21 +75,10 @@ class PartitionUpdateSerializer:
     @staticmethod
     def deserialize(inp: DataInput, schema: Schema, version: int) -> PartitionUpdate:
         start = inp.pos
-        table_id = inp.raw(16)
-        table = schema.table_by_id_bytes(table_id)
-        if table is None:
-            raise UnknownTableError(uuid.UUID(bytes=table_id), start)
-        key = inp.bytes_vint()
-        flags_offset = inp.pos
-        flags = inp.byte()
+        table, key, flags = PartitionUpdateSerializer._deserialize_key(inp, schema)
         if flags == IS_EMPTY:
             return PartitionUpdate(table, key)
-        if flags & ~_UPDATE_FLAGS or not flags & HAS_ROW_ESTIMATE:
-            raise MutationDecodeError(f"partition update flags {flags:#04x} are not a mutation's",
-                                      flags_offset)
-        stats = EncodingStats.deserialize(inp)
-        statics = ColumnsSerializer.deserialize(inp, table, static=True) if flags & HAS_STATIC_ROW else ()
-        regulars = ColumnsSerializer.deserialize(inp, table, static=False)
+        stats, statics, regulars = PartitionUpdateSerializer._deserialize_columns(inp, table, flags)
         header = SerializationHeader(table, version, stats, regulars, statics)
         update = PartitionUpdate(table, key, regular_columns=regulars, static_columns=statics)
         if flags & HAS_PARTITION_DELETION:
@@ -105,6 +94,46 @@ class PartitionUpdateSerializer:
             raise MutationDecodeError(f"partition update announces {row_count} rows but holds "
                                       f"{len(update.rows)}", start)
         return update
+
+    @staticmethod
+    def check_columns(update: bytes, schema: Schema) -> None:
+        """Decode a serialized update up to its header's column lists, not its rows: raises
+        ``MutationDecodeError`` when it names a column its table's definition in ``schema`` lacks (a
+        definition older than the one the node wrote it with), ``UnknownTableError`` for an unknown table."""
+        inp = DataInput(update)
+        try:
+            table, _, flags = PartitionUpdateSerializer._deserialize_key(inp, schema)
+            if flags != IS_EMPTY:
+                PartitionUpdateSerializer._deserialize_columns(inp, table, flags)
+        except MutationDecodeError:
+            raise
+        except (ValueError, IndexError, KeyError) as error:  # EndOfData is a ValueError
+            raise MutationDecodeError(str(error), inp.pos) from error
+
+    @staticmethod
+    def _deserialize_key(inp: DataInput, schema: Schema) -> tuple[TableMetadata, bytes, int]:
+        """The update's table, partition key and flags (checked to be a mutation's)."""
+        start = inp.pos
+        table_id = inp.raw(16)
+        table = schema.table_by_id_bytes(table_id)
+        if table is None:
+            raise UnknownTableError(uuid.UUID(bytes=table_id), start)
+        key = inp.bytes_vint()
+        flags_offset = inp.pos
+        flags = inp.byte()
+        if flags != IS_EMPTY and (flags & ~_UPDATE_FLAGS or not flags & HAS_ROW_ESTIMATE):
+            raise MutationDecodeError(f"partition update flags {flags:#04x} are not a mutation's",
+                                      flags_offset)
+        return table, key, flags
+
+    @staticmethod
+    def _deserialize_columns(inp: DataInput, table: TableMetadata, flags: int) -> tuple[
+            EncodingStats, tuple[ColumnMetadata, ...], tuple[ColumnMetadata, ...]]:
+        """The header after the flags: the encoding stats, the static and the regular columns."""
+        stats = EncodingStats.deserialize(inp)
+        statics = ColumnsSerializer.deserialize(inp, table, static=True) if flags & HAS_STATIC_ROW else ()
+        regulars = ColumnsSerializer.deserialize(inp, table, static=False)
+        return stats, statics, regulars
 
     @staticmethod
     def serialize(update: PartitionUpdate, out: DataOutput, version: int) -> None:
