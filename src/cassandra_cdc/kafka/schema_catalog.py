@@ -129,7 +129,8 @@ def lost_columns(candidate: TableMetadata, held: TableMetadata) -> list[str]:
     kept = {column.name for column in candidate.regular_and_static}
     dropped_at = {column.name: column.dropped_time for column in candidate.dropped}
     held_dropped_at = {column.name: column.dropped_time for column in held.dropped}
-    lost = [column.name for column in held.regular_and_static
-            if column.name not in kept and dropped_at.get(column.name, -1) <= held_dropped_at.get(column.name, -1)]
-    lost += [name for name, dropped_time in held_dropped_at.items() if dropped_at.get(name, -1) < dropped_time]
+    lost = [name for name in (column.name for column in held.regular_and_static)
+            if name not in kept and dropped_at.get(name, -1) <= held_dropped_at.get(name, -1)]
+    lost += [name for name, dropped_time in held_dropped_at.items()
+             if dropped_at.get(name, -1) < dropped_time]
     return lost
