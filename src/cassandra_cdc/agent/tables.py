@@ -162,17 +162,26 @@ class TableRegistry:
         differs from the one loaded before (decode again), False when not (the mutation is damaged), None when
         the agent stops meanwhile (``pause`` returned True)."""
         before = self.schema
+        loaded = self._reload_until(lambda loaded: loaded, pause)
+        if loaded is None:
+            return None
+        if not loaded or self.schema is before:
+            return False
+        log.info("%s: a mutation that does not decode with the schema loaded: decoding it again with the "
+                 "schema read now", where)
+        return True
+
+    def _reload_until(self, done: Callable[[bool], bool], pause: Callable[[float], bool]) -> bool | None:
+        """Reload every ``AWAIT_RELOAD_SECONDS`` until ``done(whether the reload loaded)``, for up to
+        ``unknown_table_wait_seconds``: True once done, False when the time ran out, None when the agent stops
+        meanwhile (``pause(seconds)`` waits between reloads and returns True then)."""
         deadline = time.monotonic() + self._config.unknown_table_wait_seconds
-        while not self._reload_or_keep():
+        while not done(self._reload_or_keep()):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             if pause(min(AWAIT_RELOAD_SECONDS, remaining)):
                 return None
-        if self.schema is before:
-            return False
-        log.info("%s: a mutation that does not decode with the schema loaded: decoding it again with the "
-                 "schema read now", where)
         return True
 
     def _file_stamp(self) -> tuple[int, int] | None:
@@ -216,18 +225,12 @@ class TableRegistry:
         log.warning("%s: a mutation of table id %s, which the schema does not have: reading waits there "
                     "while the schema is reloaded, for up to %.0f s (unknown_table_wait_seconds)",
                     where, table_id, wait)
-        deadline = time.monotonic() + wait
-        while True:
-            self._reload_or_keep()
-            table = self.schema.table_by_id(table_id)
-            if table is not None:
-                log.info("table id %s is %s: reading goes on", table_id, table.qualified_name)
-                return table
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            if pause(min(AWAIT_RELOAD_SECONDS, remaining)):
-                return None
+        if self._reload_until(lambda _: self.schema.table_by_id(table_id) is not None, pause) is None:
+            return None
+        table = self.schema.table_by_id(table_id)
+        if table is not None:
+            log.info("table id %s is %s: reading goes on", table_id, table.qualified_name)
+            return table
         self._given_up.add(table_id)
         self._unknown_logged.add(table_id)
         log.error("%s: table id %s is still unknown after %.0f s: its mutations are skipped, as Cassandra "
