@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import NewPartitions
 from pyspark.sql import functions as F
 from typer.testing import CliRunner
@@ -25,7 +25,8 @@ from cassandra_cdc.pipeline.checkpoint_files import checkpoint_files
 from cassandra_cdc.pipeline.streaming_job import (STATE_LAYOUT_FILE, balanced_group_keys, check_checkpoint,
                                         check_checkpoint_logs, check_state_layout, sink_settings)
 from cassandra_cdc.pipeline.event_sink import (BatchCommitLog, MicroBatchTask, SinkError, SinkSettings,
-                                               TransactionalProducer, TransactionalTaskSink, task_sink)
+                                               TransactionalProducer, TransactionalTaskSink, first_cause,
+                                               task_sink)
 from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourceError, KafkaStreamReader, OffsetRange,
                                            SourceOptions, admit, group_ranges, read_range)
 from cassandra_cdc.schema import parse_schema
@@ -429,6 +430,16 @@ def test_a_task_with_a_record_the_broker_refuses_fails(real_kafka, exactly_once)
     if exactly_once:  # the transaction was aborted: neither record, nor a marker, is visible
         assert read_topic(real_kafka, output) == []
         assert read_topic(real_kafka, "refused-record-commits") == []
+
+
+def test_records_purged_after_a_failed_transaction_do_not_hide_why_it_failed():
+    """The delivery reports of records purged from the queue can come before the refused record's (the
+    order the failure above saw once in CI); the message names the refusal."""
+    purged = [KafkaError(KafkaError._PURGE_QUEUE), KafkaError(KafkaError._PURGE_INFLIGHT)]
+    refused = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+    assert first_cause([*purged, refused, purged[0]]) is refused
+    assert first_cause(purged) is purged[0]  # nothing else to name
+    assert first_cause(["no offset for a record of t [0]", refused]) == "no offset for a record of t [0]"
 
 
 def test_a_task_sink_needs_a_streaming_task(spark):

@@ -170,6 +170,18 @@ class MicroBatchTask:
         return cls(int(batch_id), context.partitionId(), context.getLocalProperty(QUERY_ID_PROPERTY))
 
 
+def first_cause(failures: list[KafkaError | str]) -> KafkaError | str:
+    """The failure to name for records not delivered: once a transaction fails, librdkafka purges the
+    records still queued, and their reports (``_PURGE_QUEUE``, ``_PURGE_INFLIGHT``) may come before the
+    one that says why (``MSG_SIZE_TOO_LARGE``, say)."""
+    return next((failure for failure in failures if not _purged(failure)), failures[0])
+
+
+def _purged(failure: KafkaError | str) -> bool:
+    return isinstance(failure, KafkaError) and failure.code() in (KafkaError._PURGE_QUEUE,
+                                                                  KafkaError._PURGE_INFLIGHT)
+
+
 class TaskSink(ABC):
     """The records of one task: ``produce`` them, then ``commit`` (or ``abort`` when the task fails)."""
 
@@ -179,7 +191,7 @@ class TaskSink(ABC):
         self.records = 0
         self.skipped = False  # committed by an earlier attempt: nothing is written
         self._delivered = 0
-        self._failures: list[str] = []
+        self._failures: list[KafkaError | str] = []  # of the records not delivered, in report order
 
     def produce(self, topic: str, key: bytes | None, value: bytes | None) -> None:
         producer = self._producer()
@@ -207,14 +219,14 @@ class TaskSink(ABC):
         if error is None and message.offset() >= 0:
             self._delivered += 1
         else:
-            self._failures.append(str(error) if error is not None else
+            self._failures.append(error if error is not None else
                                   f"no offset for a record of {message.topic()} [{message.partition()}]")
 
     def _undelivered(self, produced: int) -> str | None:
         """Why not each of the ``produced`` records is reported written (with its offset), or None."""
         if self._delivered == produced and not self._failures:
             return None
-        example = f", e.g. {self._failures[0]}" if self._failures else " (no delivery report)"
+        example = f", e.g. {first_cause(self._failures)}" if self._failures else " (no delivery report)"
         return f"{produced - self._delivered} of {produced} records were not delivered{example}"
 
     @abstractmethod
