@@ -63,7 +63,7 @@ run: install
 # TEST_WORKERS pytest-xdist workers: most of the suite's time is waiting for servers and micro-batches.
 TEST_WORKERS ?= 2
 test: install
-	CASSANDRA_CDC_REQUIRE_JVM=1 $(BIN)/python -m pytest -n $(TEST_WORKERS)
+	CASSANDRA_CDC_REQUIRE_JVM=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 bench: install
 	$(BIN)/python benchmarks/commitlog_decode.py
