@@ -60,7 +60,7 @@ run: install
 	$(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION)) $(ARGS)
 
 # CASSANDRA_CDC_REQUIRE_JVM: tests needing the fetched JVM artifacts fail instead of skipping without them.
-# TEST_WORKERS pytest-xdist workers: most of the suite's time is waiting for servers and micro-batches.
+# TEST_WORKERS pytest-xdist workers; a worker that runs out of tests takes the other's (worksteal).
 TEST_WORKERS ?= 2
 test: install
 	CASSANDRA_CDC_REQUIRE_JVM=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
