@@ -152,6 +152,7 @@ class KafkaBroker(JvmService):
             "group.initial.rebalance.delay.ms": 0,
             # After a kill, the controller waits out the dead incarnation's session before the broker can
             # register again: a short session makes that restart seconds, not the default's ten.
+            # Each heartbeat wakes the controller: a second between them keeps three within the session.
             "broker.session.timeout.ms": 3000,
             "broker.heartbeat.interval.ms": 1000,
             # The controller's no-op records (every 500 ms by default) tell brokers that a quorum of
