@@ -152,12 +152,8 @@ class KafkaBroker(JvmService):
             "group.initial.rebalance.delay.ms": 0,
             # After a kill, the controller waits out the dead incarnation's session before the broker can
             # register again: a short session makes that restart seconds, not the default's ten.
-            # Each heartbeat wakes the controller: a second between them keeps three within the session.
             "broker.session.timeout.ms": 3000,
-            "broker.heartbeat.interval.ms": 1000,
-            # The controller's no-op records (every 500 ms by default) tell brokers that a quorum of
-            # controllers is alive; this cluster has one node, and they kept the idle broker busy.
-            "metadata.max.idle.interval.ms": 0,
+            "broker.heartbeat.interval.ms": 500,
             # Transactions open past their timeout are aborted at the next check (every 10 s by default).
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1000,
         }
