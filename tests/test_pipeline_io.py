@@ -35,6 +35,7 @@ from cassandra_cdc.kafka.topic_names import schema_topics
 from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER,
                                                   STATE_SERVER_LOGGER, WORKER_DAEMON, kafka_format_available)
 from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder
+from cassandra_cdc.pipeline.worker_daemon import without_bundled_archives
 from test_schema_changes import ORDERS, RECORD, offline_config
 
 
@@ -108,6 +109,44 @@ def test_session_settings(spark):
     # No warning for each read of a page not written yet (millions on a large table's first load).
     state_server_log = spark._jvm.org.apache.logging.log4j.LogManager.getLogger(STATE_SERVER_LOGGER)
     assert state_server_log.isErrorEnabled() and not state_server_log.isWarnEnabled()
+
+
+def test_python_workers_import_pyspark_from_the_installed_package(spark):
+    """Spark puts the archive pip's PySpark bundles first on the workers' path; imported from there, every
+    module is compiled again in every worker."""
+    import pyspark
+
+    bundled = Path(pyspark.__file__).parent / "python" / "lib" / "pyspark.zip"
+    assert bundled.is_file()
+
+    def worker_imports(_: int) -> tuple[str, list[str]]:
+        import sys
+
+        import pyspark
+        return pyspark.__file__, sys.path
+
+    [(imported_from, path)] = spark.sparkContext.parallelize([0], 1).map(worker_imports).collect()
+    assert imported_from == pyspark.__file__
+    assert not [entry for entry in path if entry.endswith(".zip") and "pyspark" in entry]
+
+
+def test_only_archives_bundled_beside_their_installed_package_are_dropped(tmp_path):
+    import py4j
+    import pyspark
+
+    site = Path(pyspark.__file__).parents[1]
+    assert Path(py4j.__file__).parents[1] == site
+    bundled = [str(path) for path in sorted((site / "pyspark" / "python" / "lib").glob("*.zip"))]
+    assert len(bundled) == 2  # pyspark.zip and py4j's
+    # A Spark distribution's archives are the only copy of PySpark its processes have: they stay, whatever
+    # the directory is named.
+    distribution = tmp_path / "pyspark" / "python" / "lib"
+    distribution.mkdir(parents=True)
+    (distribution / "pyspark.zip").touch()
+    path = [*bundled, str(distribution / "pyspark.zip"), str(site), str(tmp_path)]
+    assert without_bundled_archives(path) == [str(distribution / "pyspark.zip"), str(site), str(tmp_path)]
+    # Without the installed package's directory on the path, the archives are how PySpark is imported.
+    assert without_bundled_archives(bundled) == bundled
 
 
 # --- source.py -------------------------------------------------------------------------------------
