@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -32,8 +35,9 @@ from cassandra_cdc.pipeline.kafka_source import (KafkaInputPartition, KafkaSourc
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 from cassandra_cdc.kafka.topic_names import schema_topics
-from cassandra_cdc.pipeline.spark_session import (FILE_SYSTEM_CHECKPOINT_FILES, ROCKSDB_PROVIDER,
-                                                  STATE_SERVER_LOGGER, WORKER_DAEMON, kafka_format_available)
+from cassandra_cdc.pipeline.spark_session import (CLASS_ARCHIVE_VARIABLE, FILE_SYSTEM_CHECKPOINT_FILES,
+                                                  ROCKSDB_PROVIDER, STATE_SERVER_LOGGER, WORKER_DAEMON,
+                                                  class_archive_options, kafka_format_available)
 from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder
 from cassandra_cdc.pipeline.worker_daemon import without_bundled_archives
 from test_schema_changes import ORDERS, RECORD, offline_config
@@ -128,6 +132,38 @@ def test_python_workers_import_pyspark_from_the_installed_package(spark):
     [(imported_from, path)] = spark.sparkContext.parallelize([0], 1).map(worker_imports).collect()
     assert imported_from == pyspark.__file__
     assert not [entry for entry in path if entry.endswith(".zip") and "pyspark" in entry]
+
+
+def test_the_class_archive_make_install_wrote_is_mapped_by_a_driver_jvm(tmp_path):
+    """``-Xshare:on``: a JVM that cannot map the archive (written for another JDK or other jars, or not an
+    archive) does not start, where the pipeline's driver would start without it, more slowly."""
+    archive = os.environ.get(CLASS_ARCHIVE_VARIABLE)
+    if not archive:
+        reason = f"{CLASS_ARCHIVE_VARIABLE} is not set (`make test` names the archive `make install` writes)"
+        if os.environ.get("CASSANDRA_CDC_REQUIRE_JVM"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    driver = textwrap.dedent(f"""
+        from cassandra_cdc.pipeline.spark_session import class_archive_options, spark_session
+        options = class_archive_options({archive!r}) + ["-Xshare:on"]
+        spark = spark_session("local[1]", "class-archive-check", 1,
+                              {{"spark.driver.extraJavaOptions": " ".join(options)}})
+        print("rows", spark.range(3).count())
+        """)
+    run = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert run.returncode == 0 and "rows 3" in run.stdout, run.stdout + run.stderr
+    not_an_archive = tmp_path / "not-an-archive.jsa"
+    not_an_archive.write_bytes(b"\0" * 4096)
+    run = subprocess.run([sys.executable, "-c", driver.replace(repr(archive), repr(str(not_an_archive)))],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert run.returncode != 0 and "rows 3" not in run.stdout
+
+
+def test_a_class_archive_that_is_not_there_is_named_and_left_out(tmp_path, caplog):
+    missing = str(tmp_path / "spark-classes.jsa")
+    assert class_archive_options(missing) == []
+    assert missing in caplog.text and CLASS_ARCHIVE_VARIABLE in caplog.text
 
 
 def test_only_archives_bundled_beside_their_installed_package_are_dropped(tmp_path):

@@ -20,6 +20,8 @@
   atomically.
 - Python workers fork from ``cassandra_cdc.pipeline.worker_daemon``, which has pandas, pyarrow and the
   pipeline imported already (see that module).
+- The driver JVM maps Spark's classes from the class data sharing archive named by
+  ``CASSANDRA_CDC_SPARK_CLASS_ARCHIVE``, when set (class_archive.py): a session starts in half the time.
 - Under spark-submit the master is spark-submit's: ``master=None`` leaves it alone.
 - A local master retries a failed task as a cluster does (``local_master_with_retries``): Spark's
   ``local[N]`` gives each task one attempt and ignores ``spark.task.maxFailures``, so a single lost Python
@@ -35,12 +37,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 KAFKA_SOURCE_PROVIDER = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
@@ -49,6 +56,8 @@ FILE_SYSTEM_CHECKPOINT_FILES = \
 WORKER_DAEMON = "cassandra_cdc.pipeline.worker_daemon"
 STATE_SERVER_LOGGER = "org.apache.spark.sql.execution.python.streaming.TransformWithStateInPySparkStateServer"
 DEFAULT_MASTER = "local[2]"
+# The class data sharing archive the driver JVMs that spark_session starts map Spark's classes from.
+CLASS_ARCHIVE_VARIABLE = "CASSANDRA_CDC_SPARK_CLASS_ARCHIVE"
 # Spark's default spark.task.maxFailures, the attempts a cluster gives each task.
 TASK_ATTEMPTS = 4
 TASK_ATTEMPTS_SETTING = "spark.task.maxFailures"
@@ -103,6 +112,7 @@ def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandr
         "spark.sql.session.timeZone": "UTC",
         "spark.python.daemon.module": WORKER_DAEMON,
     }
+    driver_java_options: list[str] = []
     if master is not None and master.startswith("local"):
         # Everything is on this host: no warning that the hostname resolves to a loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -110,7 +120,12 @@ def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandr
         # The records never pass through the JVM (the merge reads them from Kafka itself), so the JVM's
         # work is planning and bookkeeping, which C2 compilation costs more CPU than it saves: on two
         # cores it took a quarter of the CPU of a throughput run (benchmarks/RESULTS.md).
-        conf["spark.driver.extraJavaOptions"] = "-XX:TieredStopAtLevel=1"
+        driver_java_options.append("-XX:TieredStopAtLevel=1")
+    class_archive = os.environ.get(CLASS_ARCHIVE_VARIABLE)
+    if master is not None and class_archive:
+        driver_java_options += class_archive_options(class_archive)
+    if driver_java_options:
+        conf["spark.driver.extraJavaOptions"] = " ".join(driver_java_options)
     conf.update(extra_conf or {})
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
@@ -123,6 +138,18 @@ def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandr
     log4j = spark._jvm.org.apache.logging.log4j  # type: ignore[attr-defined]
     log4j.core.config.Configurator.setLevel(STATE_SERVER_LOGGER, log4j.Level.ERROR)
     return spark
+
+
+def class_archive_options(archive: str) -> list[str]:
+    """The driver JVM's options to map its classes from ``archive`` (class_archive.py), none when there is no
+    such file (logged). A JVM that cannot use the archive (another JDK, other jars) starts without it, and
+    without printing why among the job's output."""
+    if not Path(archive).is_file():
+        log.warning("%s names %s, which does not exist: the Spark driver starts without a class archive "
+                    "(python -m cassandra_cdc.pipeline.class_archive %s writes one)", CLASS_ARCHIVE_VARIABLE,
+                    archive, archive)
+        return []
+    return [f"-XX:SharedArchiveFile={shlex.quote(archive)}", "-Xlog:cds*=error"]
 
 
 def kafka_format_available(spark: SparkSession) -> bool:
