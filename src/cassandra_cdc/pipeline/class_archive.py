@@ -55,9 +55,6 @@ class _RowCounter(StatefulProcessor):
         self.count.update((total,))
         yield pd.DataFrame({"key": [key[0]], "rows": [total]})
 
-    def close(self) -> None:
-        pass
-
 
 def write_class_archive(archive: Path, work_dir: Path) -> None:
     """Run the workload in a local session whose JVM writes ``archive`` as it exits; wait for it to exit."""
