@@ -10,9 +10,9 @@ The daemon and its workers import PySpark from the installed package, not from t
 PySpark bundles for Spark to put first on its Python processes' path (``pyspark/python/lib/pyspark.zip``,
 and py4j's). Python compiles every module it imports from an archive, on every import: nothing is cached.
 And each new worker, once PySpark has added the job's files directory to its path, has every archive
-importer read its archive's directory again (``importlib.invalidate_caches``): a cost per task. The
-archives hold the same code as the package they are bundled in; an archive without its package installed
-beside it (a Spark distribution's ``$SPARK_HOME/python/lib``) stays.
+importer read its archive's directory again (``importlib.invalidate_caches``). The archives hold the same
+code as the package they are bundled in; an archive without its package installed beside it (a Spark
+distribution's ``$SPARK_HOME/python/lib``) stays.
 """
 
 from __future__ import annotations
