@@ -46,9 +46,10 @@ export UNPACK_POSTGRES
 
 # A class data sharing archive of the Spark driver's classes (src/cassandra_cdc/pipeline/class_archive.py):
 # the local Spark sessions of `make run` and `make test` start in half the time. Written again when the
-# Python environment (PySpark's jars with it) changes; its workload's output is kept in a log beside it.
+# Python environment (PySpark's jars with it) or the workload changes; the workload's output is kept in a
+# log beside it.
 SPARK_CLASS_ARCHIVE := .jvm/spark-classes.jsa
-$(SPARK_CLASS_ARCHIVE): $(VENV)/.installed
+$(SPARK_CLASS_ARCHIVE): $(VENV)/.installed src/cassandra_cdc/pipeline/class_archive.py
 	@mkdir -p $(@D)
 	@$(BIN)/python -m cassandra_cdc.pipeline.class_archive $@ > $@.log 2>&1 || { cat $@.log; exit 1; }
 	@tail -n 1 $@.log
