@@ -28,6 +28,7 @@ from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.observability import build_version
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Cluster, Workload
+from cassandra_cdc.simulator.broker import free_port
 
 from agent_harness import running, wait_until
 from conftest import COMMITLOGS, DATA, start_agents
@@ -42,12 +43,6 @@ SYSTEM_CQL = (DATA / "system_schemas" / "cassandra-4.0.11.cql").read_text()
 STANDARD1 = "Keyspace1.Standard1"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def get(port: int, path: str) -> tuple[int, str]:

@@ -5,6 +5,10 @@ cannot start is reported."""
 from __future__ import annotations
 
 import base64
+import os
+import signal
+import socket
+import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -14,6 +18,8 @@ from confluent_kafka.admin import AdminClient
 
 from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, KafkaBroker,
                                         MissingArtifacts, PostgresServer, artifacts)
+from cassandra_cdc.localcluster.process import JvmProcess
+from cassandra_cdc.simulator.broker import free_port
 from conftest import require_jvm_artifacts
 
 
@@ -69,6 +75,48 @@ def test_spark_gets_the_kafka_connector_without_the_libraries_it_ships() -> None
     assert not names & shipped
     fetched = {artifacts.artifact_name(jar) for jar in artifacts.jars(artifacts.SPARK_KAFKA)}
     assert {"scala-library", "slf4j-api"} <= fetched - names  # fetched as dependencies, left to Spark's own
+
+
+def test_free_ports_are_below_the_ports_the_os_gives_clients() -> None:
+    clients_from = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(20):
+        port = free_port()
+        assert port < clients_from
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", port))
+
+
+def _listening_program(port: int) -> list[str]:
+    """A shell whose child process listens on ``port`` (the shell forks it: ``; true`` follows)."""
+    listen = ("import socket, time; s = socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); "
+              "time.sleep(60)" % port)
+    return ["sh", "-c", f"{sys.executable} -c \"{listen}\"; true"]
+
+
+def test_a_program_is_up_once_a_process_it_started_listens_on_its_port(tmp_path) -> None:
+    port = free_port()
+    program = JvmProcess("listener", _listening_program(port), tmp_path, tmp_path / "stdout.log")
+    program.start()
+    try:
+        program.wait_for_port("127.0.0.1", port, timeout=30)
+    finally:
+        os.killpg(program.pid, signal.SIGKILL)  # the shell and its child
+        program.kill()
+
+
+def test_another_process_listening_on_a_programs_port_is_not_taken_for_it(tmp_path) -> None:
+    port = free_port()
+    program = JvmProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], tmp_path,
+                         tmp_path / "stdout.log")
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))
+        other.listen()
+        program.start()
+        try:
+            with pytest.raises(JvmError, match=f"not listening on 127.0.0.1:{port} after 2 s \\(another process"):
+                program.wait_for_port("127.0.0.1", port, timeout=2)
+        finally:
+            program.kill()
 
 
 def test_a_node_that_cannot_start_raises_with_the_tail_of_its_log(tmp_path) -> None:

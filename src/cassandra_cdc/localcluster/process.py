@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import ctypes
+import os
 import pwd
 import signal
 import socket
@@ -21,6 +22,7 @@ from typing import Any, Mapping, Self, Sequence
 from ..simulator.broker import free_port
 
 _PR_SET_PDEATHSIG = 1
+_TCP_LISTEN = "0A"  # a socket's state in /proc/net/tcp
 # Looked up before any fork: the child, between fork and exec, only calls it.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
@@ -52,6 +54,44 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
             return True
     except OSError:
         return False
+
+
+def listening_sockets(port: int) -> set[str] | None:
+    """The inodes of the TCP sockets (IPv4 and IPv6) listening on ``port``, from ``/proc/net``; None where
+    there is no such file."""
+    found: set[str] = set()
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not any(table.exists() for table in tables):
+        return None
+    for table in tables:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()  # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if fields[3] == _TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                found.add(fields[9])
+    return found
+
+
+def session_sockets(session: int) -> set[str]:
+    """The inodes of the sockets the processes of ``session`` hold open (those this process may read)."""
+    found: set[str] = set()
+    for process in Path("/proc").iterdir():
+        if not process.name.isdigit():
+            continue
+        try:
+            stat = (process / "stat").read_text()
+            if int(stat[stat.rindex(")") + 2:].split()[3]) != session:  # after "pid (comm)": state ppid pgrp sid
+                continue
+            for descriptor in (process / "fd").iterdir():
+                target = os.readlink(descriptor)
+                if target.startswith("socket:["):
+                    found.add(target[8:-1])
+        except (OSError, ValueError):  # gone meanwhile, or not readable
+            continue
+    return found
 
 
 def properties_text(settings: Mapping[str, Any]) -> str:
@@ -108,16 +148,29 @@ class JvmProcess:
                                              **as_user(self.user))  # type: ignore[call-overload]
 
     def wait_for_port(self, host: str, port: int, timeout: float) -> None:
-        """Until ``host:port`` accepts connections; raises with the logs' tails if the JVM exits first or
-        ``timeout`` seconds pass."""
+        """Until the program (or a process it started) listens on ``host:port`` and accepts connections;
+        raises with the logs' tails if it exits first or ``timeout`` seconds pass.
+
+        A listener of another process on that port is not taken for the program's: the program then
+        fails to bind it, and its error says so.
+        """
         deadline = time.monotonic() + timeout
-        while not port_open(host, port):
+        while not (port_open(host, port) and self._listens_on(port)):
             if not self.running:
                 code = self._process.returncode if self._process else None
                 raise self.failure(f"exited with status {code} before listening on {host}:{port}")
             if time.monotonic() > deadline:
-                raise self.failure(f"not listening on {host}:{port} after {timeout:.0f} s")
+                taken = " (another process listens there)" if port_open(host, port) else ""
+                raise self.failure(f"not listening on {host}:{port} after {timeout:.0f} s{taken}")
             time.sleep(0.2)
+
+    def _listens_on(self, port: int) -> bool:
+        """Whether a process of the program's session holds a socket listening on ``port``; True where
+        Linux's ``/proc`` cannot tell."""
+        listeners = listening_sockets(port)
+        if listeners is None or self.pid is None:
+            return True
+        return not listeners.isdisjoint(session_sockets(self.pid))
 
     def failure(self, what: str) -> JvmError:
         logs = dict.fromkeys([self.main_log, self.stdout_log])  # once, when the program logs to its output

@@ -10,6 +10,7 @@ the PID ``up`` prints: that is only a wrapper, and the broker would live on as a
 from __future__ import annotations
 
 import atexit
+import random
 import socket
 import subprocess
 import sys
@@ -26,6 +27,9 @@ NOIDA_DB = Path(sys.executable).parent / "noida-db"
 # The bundled binary warns about this on every run although it works; keep it out of error messages.
 _HARMLESS_WARNING = "GLIBC_2.39"
 COMMAND_TIMEOUT = 60.0
+# Where the ports of servers started here are taken from: above the well-known and most registered ones.
+FIRST_SERVER_PORT = 10000
+_ports = random.Random()  # seeded per process, not by the tests' seeding of the module's generator
 
 
 class BrokerError(RuntimeError):
@@ -33,10 +37,31 @@ class BrokerError(RuntimeError):
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+    """A TCP port nothing is bound to right now, for a server to listen on later.
+
+    It is taken below the range the OS gives clients' connections their ports from: a port the OS picked
+    could be given to a connection made before the server binds it, and the server would not start.
+    """
+    ports = _server_ports()
+    for _ in range(100):
+        port = _ports.choice(ports)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise BrokerError(f"no free port on {host} in {ports.start}-{ports.stop - 1} after 100 tries")
+
+
+def _server_ports() -> range:
+    """From ``FIRST_SERVER_PORT`` to the first of the ports the OS gives clients (Linux's default where that
+    cannot be read); to the last port where that range starts too low to leave any below it."""
+    try:
+        clients_from = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        clients_from = 32768
+    return range(FIRST_SERVER_PORT, clients_from if clients_from > FIRST_SERVER_PORT + 1000 else 65536)
 
 
 class EmbeddedBroker:
