@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
 from pyspark.sql.types import LongType, StructField, StructType
 
-from .spark_session import DEFAULT_MASTER, LOCAL_DRIVER_JIT, QUIET_CLASS_SHARING, spark_session
+from .spark_session import DEFAULT_MASTER, QUIET_CLASS_SHARING, spark_session
 
 # Micro-batches with data the workload runs: the first plans the query and opens the state stores, the later
 # ones commit state versions (RocksDB's changelog, the state store's maintenance).
@@ -62,7 +62,7 @@ def write_class_archive(archive: Path, work_dir: Path) -> None:
     archive.unlink(missing_ok=True)
     # Replaces spark_session's driver options, an archive to use among them: a JVM that uses a dynamic
     # archive cannot dump one.
-    java_options = f"{LOCAL_DRIVER_JIT} -XX:ArchiveClassesAtExit={archive} {QUIET_CLASS_SHARING}"
+    java_options = f"-XX:ArchiveClassesAtExit={archive} {QUIET_CLASS_SHARING}"
     spark = spark_session(DEFAULT_MASTER, "cassandra-cdc-class-archive", 2,
                           {"spark.driver.extraJavaOptions": java_options})
     query = (spark.readStream.format("rate").option("rowsPerSecond", 1000).load()

@@ -60,10 +60,6 @@ DEFAULT_MASTER = "local[2]"
 CLASS_ARCHIVE_VARIABLE = "CASSANDRA_CDC_SPARK_CLASS_ARCHIVE"
 # The JVM's class data sharing logs errors only: an archive it cannot use prints nothing among a job's output.
 QUIET_CLASS_SHARING = "-Xlog:cds*=error"
-# The records never pass through the JVM (the merge reads them from Kafka itself), so the JVM's work is
-# planning and bookkeeping, which C2 compilation costs more CPU than it saves: on two cores it took a quarter
-# of the CPU of a throughput run (benchmarks/RESULTS.md).
-LOCAL_DRIVER_JIT = "-XX:TieredStopAtLevel=1"
 # Spark's default spark.task.maxFailures, the attempts a cluster gives each task.
 TASK_ATTEMPTS = 4
 TASK_ATTEMPTS_SETTING = "spark.task.maxFailures"
@@ -123,7 +119,6 @@ def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandr
         # Everything is on this host: no warning that the hostname resolves to a loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINT_FILES
-        driver_java_options.append(LOCAL_DRIVER_JIT)
     class_archive = os.environ.get(CLASS_ARCHIVE_VARIABLE)
     if master is not None and class_archive:
         driver_java_options += class_archive_options(class_archive)

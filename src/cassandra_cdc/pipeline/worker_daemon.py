@@ -1,10 +1,10 @@
 """Spark's Python worker daemon (``spark.python.daemon.module``) with the pipeline's imports done once.
 
-Spark forks a Python worker from the daemon for each task, and the workers of the stateful operator
-and of the sink are not reused across micro-batches: each one imported pandas, pyarrow, pyspark.sql
-and this package again, about a second of CPU per worker and most of the Python CPU of a small
-micro-batch (py-spy, benchmarks/RESULTS.md). Imported here, before the daemon forks, they are shared
-by every worker.
+Spark forks a Python worker from the daemon whenever a task finds no idle one: at a query's start, and
+when more tasks run at once than workers are idle; it keeps them for later tasks, of later micro-batches
+and queries too. Each new worker imported pandas, pyarrow, pyspark.sql and this package again, about a
+second of CPU per worker: most of the Python CPU of a query's first micro-batch (py-spy,
+benchmarks/RESULTS.md). Imported here, before the daemon forks, they are shared by every worker.
 
 The daemon and its workers import PySpark from the installed package, not from the archives that pip's
 PySpark bundles for Spark to put first on its Python processes' path (``pyspark/python/lib/pyspark.zip``,
