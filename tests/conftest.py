@@ -10,6 +10,7 @@ import pytest
 
 from typing import Any, Iterator
 
+from cassandra_cdc import settings
 from cassandra_cdc.commitlog import Entry, KeyStore, SegmentReader
 from cassandra_cdc.schema import Schema, load_schema_files
 
@@ -62,6 +63,19 @@ def read_hash_txt(directory: str) -> dict[str, str]:
 def _shared_files_present() -> None:
     if not COMMITLOGS.is_dir():
         pytest.exit(f"the real Cassandra files are missing: {COMMITLOGS} (set CASSANDRA_CDC_SHARED)", returncode=3)
+
+
+@pytest.fixture(autouse=True)
+def _secrets_redacted_within_their_test() -> Iterator[None]:
+    """The secrets a test's settings register are redacted from the logs of that test only.
+
+    The redactor is process-wide (a process runs one configuration), and a filter of every handler of the
+    root logger once logging is configured in-process, pytest's among them: a secret such as the password
+    "p" would otherwise take every "p" out of the logs of each later test of the worker.
+    """
+    before = set(settings._redactor.secrets)
+    yield
+    settings._redactor.secrets.intersection_update(before)
 
 
 def close_kafka_clients_kept() -> None:
