@@ -72,11 +72,11 @@ run: install
 
 # CASSANDRA_CDC_REQUIRE_JVM: tests needing the fetched JVM artifacts fail instead of skipping without them.
 # TEST_WORKERS pytest-xdist workers; a worker that runs out of tests takes the other's (worksteal).
-# SPARK_SUBMIT_OPTS: the tests' Spark drivers run for seconds, too short for C2's compilations to pay back
-# what they cost (a pipeline that runs for long wants C2: docs/pipeline.md).
+# SPARK_SUBMIT_OPTS (added to yours): the tests' Spark drivers run for seconds, too short for C2's
+# compilations to pay back what they cost (a pipeline that runs for long wants C2: docs/pipeline.md).
 TEST_WORKERS ?= 2
 test: install
-	$(USE_SPARK_CLASS_ARCHIVE) CASSANDRA_CDC_REQUIRE_JVM=1 SPARK_SUBMIT_OPTS=-XX:TieredStopAtLevel=1 \
+	$(USE_SPARK_CLASS_ARCHIVE) CASSANDRA_CDC_REQUIRE_JVM=1 SPARK_SUBMIT_OPTS="$$SPARK_SUBMIT_OPTS -XX:TieredStopAtLevel=1" \
 	    $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 
 bench: install

@@ -114,16 +114,14 @@ def spark_session(master: str | None = DEFAULT_MASTER, app_name: str = "cassandr
         "spark.sql.session.timeZone": "UTC",
         "spark.python.daemon.module": WORKER_DAEMON,
     }
-    driver_java_options: list[str] = []
     if master is not None and master.startswith("local"):
         # Everything is on this host: no warning that the hostname resolves to a loopback address.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILE_SYSTEM_CHECKPOINT_FILES
     class_archive = os.environ.get(CLASS_ARCHIVE_VARIABLE)
-    if master is not None and class_archive:
-        driver_java_options += class_archive_options(class_archive)
-    if driver_java_options:
-        conf["spark.driver.extraJavaOptions"] = " ".join(driver_java_options)
+    archive_options = class_archive_options(class_archive) if master is not None and class_archive else []
+    if archive_options:
+        conf["spark.driver.extraJavaOptions"] = " ".join(archive_options)
     conf.update(extra_conf or {})
     builder = SparkSession.builder.appName(app_name)
     if master is not None:
