@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import struct
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -106,3 +108,36 @@ def test_another_pyspark_versions_state_client_is_called_one_key_at_a_time(monke
     assert state_requests._speaks_protocol(client)
     monkeypatch.setattr(state_requests, "PROTOCOL_VERSIONS", ("3.5.",))
     assert not state_requests._speaks_protocol(client)
+
+
+def test_requests_are_the_messages_pysparks_own_client_builds() -> None:
+    """The reused request messages carry each call's key and value alone, whatever came before."""
+    from pyspark.serializers import PickleSerializer
+    from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
+
+    written = io.BytesIO()
+    api = SimpleNamespace(sockfile=written, _receive_proto_message=lambda: (0, "", b""), pickleSer=PickleSerializer())
+    state = SimpleNamespace(_mapStateClient=SimpleNamespace(_stateful_processor_api_client=api))
+    requests = MapStateRequests(state, "values")
+    assert requests.pipelined
+    requests.update_all([((1,), (b"a" * 100,)), ((2,), (b"",))])
+    requests.remove_all([(1,)])
+    requests.get_all([(2,), (300,)])
+
+    def pysparks(**operation: Any) -> bytes:
+        call = proto.MapStateCall(stateName="values", **operation)
+        return proto.StateRequest(stateVariableRequest=proto.StateVariableRequest(mapStateCall=call)).SerializeToString()
+
+    dumps = PickleSerializer().dumps
+    expected = [pysparks(updateValue=proto.UpdateValue(userKey=dumps((1,)), value=dumps((b"a" * 100,)))),
+                pysparks(updateValue=proto.UpdateValue(userKey=dumps((2,)), value=dumps((b"",)))),
+                pysparks(removeKey=proto.RemoveKey(userKey=dumps((1,)))),
+                pysparks(getValue=proto.GetValue(userKey=dumps((2,)))),
+                pysparks(getValue=proto.GetValue(userKey=dumps((300,))))]
+    frames, data = [], written.getvalue()
+    while data:
+        version, length = struct.unpack(">ii", data[:8])
+        assert version == 0
+        frames.append(data[8:8 + length])
+        data = data[8 + length:]
+    assert frames == expected
