@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import sys
 from pathlib import Path
@@ -141,3 +142,29 @@ def test_requests_are_the_messages_pysparks_own_client_builds() -> None:
         frames.append(data[8:8 + length])
         data = data[8 + length:]
     assert frames == expected
+
+
+def test_what_the_requests_carried_is_not_kept() -> None:
+    """A protobuf message keeps every value set on it until it is freed: the reused messages must not keep
+    the values of every request they made (here 160 MB of them)."""
+    from pyspark.serializers import PickleSerializer
+
+    class Discarded:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def flush(self) -> None:
+            pass
+
+    api = SimpleNamespace(sockfile=Discarded(), _receive_proto_message=lambda: (0, "", b""),
+                          pickleSer=PickleSerializer())
+    requests = MapStateRequests(SimpleNamespace(_mapStateClient=SimpleNamespace(_stateful_processor_api_client=api)),
+                                "values")
+    before = resident_bytes()
+    for generation in range(20):
+        requests.update_all(((k,), (bytes([generation]) * 2000 + k.to_bytes(4, "big"),)) for k in range(4000))
+    assert resident_bytes() - before < 40 << 20
+
+
+def resident_bytes() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -57,9 +57,14 @@ class MapStateRequests:
         self._client = client if _speaks_protocol(api) else None
         if self._client is not None:
             self._dumps = api.pickleSer.dumps  # as PySpark pickles a row's values for the state server
-            # One request of each kind, reused: building the nested messages anew costs most of a request's
-            # time on this side; setting the key (and value) of one made once, a fraction of it.
-            self._requests = {kind: _reusable_request(name, kind) for kind in _OPERATIONS}
+            self._renew_requests()
+
+    def _renew_requests(self) -> None:
+        """One request message of each kind, reused for a window of requests: building the nested messages
+        anew costs most of a request's time on this side, setting the key (and value) of one made before a
+        fraction of it. Not for longer: protobuf keeps every value set on a message until the message is
+        freed."""
+        self._requests = {kind: _reusable_request(self._name, kind) for kind in _OPERATIONS}
 
     @property
     def pipelined(self) -> bool:
@@ -112,8 +117,10 @@ class MapStateRequests:
             if window_bytes >= WINDOW_BYTES or len(window) >= WINDOW_REQUESTS:
                 values.extend(self._send_window(api, window))
                 window, window_bytes = [], 0
+                self._renew_requests()
         if window:
             values.extend(self._send_window(api, window))
+            self._renew_requests()
         return values
 
     def _send_window(self, api: Any, window: list[bytes]) -> list[bytes]:
