@@ -40,6 +40,9 @@ WINDOW_BYTES = 32 << 10
 WINDOW_REQUESTS = 512
 _HEADER = struct.Struct(">ii")  # message version, length
 _OPERATIONS = ("getValue", "updateValue", "removeKey")  # the MapStateCall operations made here
+# Bytes of requests made with the same request messages before they are made anew: protobuf keeps every value
+# set on a message until the message is freed.
+REUSED_REQUEST_BYTES = 1 << 20
 
 
 class StateRequestError(RuntimeError):
@@ -60,11 +63,11 @@ class MapStateRequests:
             self._renew_requests()
 
     def _renew_requests(self) -> None:
-        """One request message of each kind, reused for a window of requests: building the nested messages
-        anew costs most of a request's time on this side, setting the key (and value) of one made before a
-        fraction of it. Not for longer: protobuf keeps every value set on a message until the message is
-        freed."""
+        """One request message of each kind, reused for ``REUSED_REQUEST_BYTES`` of requests: building the
+        nested messages anew costs most of a request's time on this side, setting the key (and value) of one
+        made before a fraction of it."""
         self._requests = {kind: _reusable_request(self._name, kind) for kind in _OPERATIONS}
+        self._reused_bytes = 0
 
     @property
     def pipelined(self) -> bool:
@@ -101,7 +104,11 @@ class MapStateRequests:
         operation.userKey = self._dumps(key)
         if value is not None:
             operation.value = self._dumps(value)
-        return request.SerializeToString()
+        serialized = request.SerializeToString()
+        self._reused_bytes += len(serialized)
+        if self._reused_bytes >= REUSED_REQUEST_BYTES:
+            self._renew_requests()
+        return serialized
 
     def _exchange(self, requests: Iterable[bytes]) -> list[bytes]:
         """Send ``requests`` in windows, each written whole before its answers are read; their answers'
@@ -117,10 +124,8 @@ class MapStateRequests:
             if window_bytes >= WINDOW_BYTES or len(window) >= WINDOW_REQUESTS:
                 values.extend(self._send_window(api, window))
                 window, window_bytes = [], 0
-                self._renew_requests()
         if window:
             values.extend(self._send_window(api, window))
-            self._renew_requests()
         return values
 
     def _send_window(self, api: Any, window: list[bytes]) -> list[bytes]:
