@@ -463,7 +463,7 @@ def test_a_task_whose_transaction_outlives_its_timeout_fails_saying_which_settin
                          producer=(("transaction.timeout.ms", 2000),))
     sink = task_sink(short, MicroBatchTask(0, 0, "query-1"))
     sink.produce(output, b"early", b"written within the timeout")
-    time.sleep(5)  # past the timeout, and the broker's next check for transactions open too long (every 1 s)
+    wait_until_aborted(real_kafka, output)
     with pytest.raises(SinkError, match=r"open for \d+ s, longer than its transaction.timeout.ms \(2000 ms\)"):
         sink.produce(output, b"late", b"written after it")
         sink.commit()
@@ -471,6 +471,29 @@ def test_a_task_whose_transaction_outlives_its_timeout_fails_saying_which_settin
     default = SinkSettings(real_kafka.bootstrap_servers, "timed-out-commits", "test-timed-out")
     assert write_task(default, MicroBatchTask(0, 0, "query-1"), output, 3).records == 3
     assert len(read_topic(real_kafka, output)) == 3
+
+
+def wait_until_aborted(broker, topic: str) -> None:
+    """Until the broker has aborted the one transaction open on ``topic`` (partition 0): its end marker
+    written, a read_committed consumer's end of the partition is its end for all consumers. The broker
+    checks for transactions open too long every second (the test broker's setting), later when loaded."""
+    partition = TopicPartition(topic, 0)
+    committed = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "test-abort-wait",
+                          "isolation.level": "read_committed"})
+    uncommitted = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "test-abort-wait",
+                            "isolation.level": "read_uncommitted"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            stable = committed.get_watermark_offsets(partition, timeout=10, cached=False)[1]
+            end = uncommitted.get_watermark_offsets(partition, timeout=10, cached=False)[1]
+            if stable == end > 1:  # past the record and the abort marker
+                return
+            assert time.monotonic() < deadline, f"the transaction on {topic} is still open (ends {stable}, {end})"
+            time.sleep(0.2)
+    finally:
+        committed.close()
+        uncommitted.close()
 
 
 def test_a_transaction_timeout_the_brokers_refuse_is_named(real_kafka):
