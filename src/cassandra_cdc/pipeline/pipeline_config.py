@@ -55,6 +55,16 @@ class SparkSettings(_Section):
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
 
+    @field_validator("conf", mode="before")
+    @classmethod
+    def _values_as_spark_reads_them(cls, conf: Any) -> Any:
+        """YAML's numbers and booleans as the strings Spark reads (``true``, not ``True``)."""
+        if not isinstance(conf, dict):
+            return conf
+        return {key: str(value).lower() if isinstance(value, bool)
+                else str(value) if isinstance(value, (int, float)) else value
+                for key, value in conf.items()}
+
     @field_validator("conf")
     @classmethod
     def _task_attempts_a_count(cls, conf: dict[str, str]) -> dict[str, str]:
