@@ -87,7 +87,7 @@ def test_task_attempts_that_are_not_a_count_name_the_setting(tmp_path: Path) -> 
                 load_pipeline_config(path)
 
 
-def test_spark_settings_written_as_yaml_numbers_and_booleans_reach_spark_as_its_strings(tmp_path: Path) -> None:
+def test_spark_settings_as_yaml_numbers_and_booleans_reach_spark_as_its_strings(tmp_path: Path) -> None:
     path = tmp_path / "pipeline.yaml"
     path.write_text(f"server: s\ncheckpoint: {tmp_path / 'ck'}\nkafka: {{bootstrap_servers: 'k:9092'}}\n"
                     "spark:\n  conf:\n"
@@ -101,7 +101,7 @@ def test_spark_settings_written_as_yaml_numbers_and_booleans_reach_spark_as_its_
         "spark.memory.fraction": "0.5", "spark.executor.memory": "2g"}
     path.write_text(f"server: s\ncheckpoint: {tmp_path / 'ck'}\nkafka: {{bootstrap_servers: 'k:9092'}}\n"
                     "spark: {conf: {spark.jars: [a.jar, b.jar]}}\n")
-    with pytest.raises(ConfigError, match=r"pipeline.yaml: spark.conf.spark.jars: Input should be a valid string"):
+    with pytest.raises(ConfigError, match=r"spark.conf.spark.jars: Input should be a valid string"):
         load_pipeline_config(path)
 
 

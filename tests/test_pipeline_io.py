@@ -489,7 +489,7 @@ def wait_until_aborted(broker, topic: str) -> None:
             end = uncommitted.get_watermark_offsets(partition, timeout=10, cached=False)[1]
             if stable == end > 1:  # past the record and the abort marker
                 return
-            assert time.monotonic() < deadline, f"the transaction on {topic} is still open (ends {stable}, {end})"
+            assert time.monotonic() < deadline, f"the transaction on {topic} is open (ends {stable}, {end})"
             time.sleep(0.2)
     finally:
         committed.close()

@@ -117,17 +117,15 @@ def test_requests_are_the_messages_pysparks_own_client_builds() -> None:
     from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 
     written = io.BytesIO()
-    api = SimpleNamespace(sockfile=written, _receive_proto_message=lambda: (0, "", b""), pickleSer=PickleSerializer())
-    state = SimpleNamespace(_mapStateClient=SimpleNamespace(_stateful_processor_api_client=api))
-    requests = MapStateRequests(state, "values")
+    requests = requests_written_to(written)
     assert requests.pipelined
     requests.update_all([((1,), (b"a" * 100,)), ((2,), (b"",))])
     requests.remove_all([(1,)])
     requests.get_all([(2,), (300,)])
 
     def pysparks(**operation: Any) -> bytes:
-        call = proto.MapStateCall(stateName="values", **operation)
-        return proto.StateRequest(stateVariableRequest=proto.StateVariableRequest(mapStateCall=call)).SerializeToString()
+        call = proto.StateVariableRequest(mapStateCall=proto.MapStateCall(stateName="values", **operation))
+        return proto.StateRequest(stateVariableRequest=call).SerializeToString()
 
     dumps = PickleSerializer().dumps
     expected = [pysparks(updateValue=proto.UpdateValue(userKey=dumps((1,)), value=dumps((b"a" * 100,)))),
@@ -147,8 +145,6 @@ def test_requests_are_the_messages_pysparks_own_client_builds() -> None:
 def test_what_the_requests_carried_is_not_kept() -> None:
     """A protobuf message keeps every value set on it until it is freed: the reused messages must not keep
     the values of every request they made (here 160 MB of them)."""
-    from pyspark.serializers import PickleSerializer
-
     class Discarded:
         def write(self, data: bytes) -> None:
             pass
@@ -156,14 +152,22 @@ def test_what_the_requests_carried_is_not_kept() -> None:
         def flush(self) -> None:
             pass
 
-    api = SimpleNamespace(sockfile=Discarded(), _receive_proto_message=lambda: (0, "", b""),
-                          pickleSer=PickleSerializer())
-    requests = MapStateRequests(SimpleNamespace(_mapStateClient=SimpleNamespace(_stateful_processor_api_client=api)),
-                                "values")
+    requests = requests_written_to(Discarded())
     before = resident_bytes()
     for generation in range(20):
         requests.update_all(((k,), (bytes([generation]) * 2000 + k.to_bytes(4, "big"),)) for k in range(4000))
     assert resident_bytes() - before < 40 << 20
+
+
+def requests_written_to(sockfile: Any) -> MapStateRequests:
+    """Requests of a state ``values`` whose client (PySpark's, as far as they use it) writes to ``sockfile``
+    and reads an empty answer for each."""
+    from pyspark.serializers import PickleSerializer
+
+    api = SimpleNamespace(sockfile=sockfile, _receive_proto_message=lambda: (0, "", b""),
+                          pickleSer=PickleSerializer())
+    client = SimpleNamespace(_stateful_processor_api_client=api)
+    return MapStateRequests(SimpleNamespace(_mapStateClient=client), "values")
 
 
 def resident_bytes() -> int:
