@@ -112,7 +112,7 @@ def test_another_pyspark_versions_state_client_is_called_one_key_at_a_time(monke
 
 
 def test_requests_are_the_messages_pysparks_own_client_builds() -> None:
-    """The reused request messages carry each call's key and value alone, whatever came before."""
+    """Each request is the message PySpark's own state client builds for the call, whatever came before."""
     from pyspark.serializers import PickleSerializer
     from pyspark.sql.streaming.proto import StateMessage_pb2 as proto
 
@@ -143,8 +143,8 @@ def test_requests_are_the_messages_pysparks_own_client_builds() -> None:
 
 
 def test_what_the_requests_carried_is_not_kept() -> None:
-    """A protobuf message keeps every value set on it until it is freed: the reused messages must not keep
-    the values of every request they made (here 160 MB of them)."""
+    """The requests keep nothing of what they carried (here 160 MB): a protobuf message keeps every value set
+    on it until it is freed, so that one message reused for every request would hold them all."""
     class Discarded:
         def write(self, data: bytes) -> None:
             pass

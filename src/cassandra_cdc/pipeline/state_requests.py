@@ -39,10 +39,6 @@ PROTOCOL_VERSIONS = ("4.3.",)
 WINDOW_BYTES = 32 << 10
 WINDOW_REQUESTS = 512
 _HEADER = struct.Struct(">ii")  # message version, length
-_OPERATIONS = ("getValue", "updateValue", "removeKey")  # the MapStateCall operations made here
-# Bytes of requests made with the same request messages before they are made anew: protobuf keeps every value
-# set on a message until the message is freed.
-REUSED_REQUEST_BYTES = 1 << 20
 
 
 class StateRequestError(RuntimeError):
@@ -60,14 +56,6 @@ class MapStateRequests:
         self._client = client if _speaks_protocol(api) else None
         if self._client is not None:
             self._dumps = api.pickleSer.dumps  # as PySpark pickles a row's values for the state server
-            self._renew_requests()
-
-    def _renew_requests(self) -> None:
-        """One request message of each kind, reused for ``REUSED_REQUEST_BYTES`` of requests: building the
-        nested messages anew costs most of a request's time on this side, setting the key (and value) of one
-        made before a fraction of it."""
-        self._requests = {kind: _reusable_request(self._name, kind) for kind in _OPERATIONS}
-        self._reused_bytes = 0
 
     @property
     def pipelined(self) -> bool:
@@ -78,7 +66,7 @@ class MapStateRequests:
         """The values of ``keys``, in their order (None: no value)."""
         if self._client is None:
             return [self._state.getValue(key) for key in keys]
-        answers = self._exchange(self._request("getValue", key) for key in keys)
+        answers = self._exchange(self._request(getValue=proto.GetValue(userKey=self._key(key))) for key in keys)
         return [_AnswerUnpickler(io.BytesIO(value)).load() if value else None for value in answers]
 
     def update_all(self, items: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
@@ -87,7 +75,8 @@ class MapStateRequests:
             for key, value in items:
                 self._state.updateValue(key, value)
             return
-        self._exchange(self._request("updateValue", key, value) for key, value in items)
+        self._exchange(self._request(updateValue=proto.UpdateValue(userKey=self._key(key), value=self._dumps(value)))
+                       for key, value in items)
 
     def remove_all(self, keys: Iterable[tuple[Any, ...]]) -> None:
         """Remove the values of ``keys``."""
@@ -95,20 +84,15 @@ class MapStateRequests:
             for key in keys:
                 self._state.removeKey(key)
             return
-        self._exchange(self._request("removeKey", key) for key in keys)
+        self._exchange(self._request(removeKey=proto.RemoveKey(userKey=self._key(key))) for key in keys)
 
-    def _request(self, kind: str, key: tuple[Any, ...], value: tuple[Any, ...] | None = None) -> bytes:
-        """A ``StateRequest`` of one ``MapStateCall`` of this state: ``kind`` (``getValue``, ``updateValue``,
-        ``removeKey``) of ``key``, with ``value`` for an update."""
-        request, operation = self._requests[kind]
-        operation.userKey = self._dumps(key)
-        if value is not None:
-            operation.value = self._dumps(value)
-        serialized = request.SerializeToString()
-        self._reused_bytes += len(serialized)
-        if self._reused_bytes >= REUSED_REQUEST_BYTES:
-            self._renew_requests()
-        return serialized
+    def _key(self, key: tuple[Any, ...]) -> bytes:
+        return self._dumps(key)
+
+    def _request(self, **call: Any) -> bytes:
+        """A ``StateRequest`` of one ``MapStateCall`` of this state (``call``: its one operation)."""
+        return proto.StateRequest(stateVariableRequest=proto.StateVariableRequest(
+            mapStateCall=proto.MapStateCall(stateName=self._name, **call))).SerializeToString()
 
     def _exchange(self, requests: Iterable[bytes]) -> list[bytes]:
         """Send ``requests`` in windows, each written whole before its answers are read; their answers'
@@ -140,17 +124,6 @@ class MapStateRequests:
             raise StateRequestError(f"the state server refused {len(refused)} of {len(window)} requests to "
                                     f"{self._name}: {refused[0]}")
         return [value for _, _, value in answers]
-
-
-def _reusable_request(state_name: str, kind: str) -> tuple[Any, Any]:
-    """A ``StateRequest`` of a ``MapStateCall`` of ``kind`` to ``state_name``, and its operation's message,
-    whose key (and value) each request sets."""
-    request = proto.StateRequest()
-    call = request.stateVariableRequest.mapStateCall
-    call.stateName = state_name
-    operation = getattr(call, kind)
-    operation.SetInParent()
-    return request, operation
 
 
 class _AnswerUnpickler(pickle.Unpickler):
