@@ -233,11 +233,12 @@ def _keys(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str, 
             produced = field.default_factory()  # type: ignore[call-arg]
             default = f"`{produced!r}`" if produced not in ({}, []) else "empty"
         else:
-            default = "none" if field.default is None else f"`{_plain(field.default)}`"
+            default = "none" if field.default is None else f"`{setting_text(field.default)}`"
         yield key, _type_text(field.annotation), default, (field.description or "").replace("|", "\\|")
 
 
-def _plain(value: Any) -> str:
+def setting_text(value: Any) -> str:
+    """A setting's value as Java and librdkafka spell it: booleans ``true``/``false``, not ``True``."""
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

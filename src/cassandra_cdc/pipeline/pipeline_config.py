@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..events.field_mapping import CompositeMode, DecimalMode, IntervalMode, TypeModes, VarintMode
-from ..settings import ConfigError, load_settings, readable_file
+from ..settings import ConfigError, load_settings, readable_file, setting_text
 from ..kafka import ServerTopics
 from ..kafka.security import KafkaConnection
 
@@ -61,8 +61,7 @@ class SparkSettings(_Section):
         """YAML's numbers and booleans as the strings Spark reads (``true``, not ``True``)."""
         if not isinstance(conf, dict):
             return conf
-        return {key: str(value).lower() if isinstance(value, bool)
-                else str(value) if isinstance(value, (int, float)) else value
+        return {key: setting_text(value) if isinstance(value, (bool, int, float)) else value
                 for key, value in conf.items()}
 
     @field_validator("conf")
