@@ -53,7 +53,8 @@ class SparkSettings(_Section):
                              "checkpoint exists). Measured: 256 suits up to ~100k partition keys, 65536 ~1M, "
                              "1048576 ~10M, over 12 raw partitions (docs/pipeline.md, Sizing).")
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
-    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings.")
+    conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings; YAML numbers and "
+                                 "booleans reach Spark as text (`256`, `true`).")
 
     @field_validator("conf", mode="before")
     @classmethod
