@@ -21,6 +21,7 @@ from cassandra_cdc.demo.cql_workload import key_columns, table_rows
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
 from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, is_truncation
+from cassandra_cdc.kafka.schema_records import SchemaRecord
 
 
 @contextlib.contextmanager
@@ -92,6 +93,12 @@ def truncations_by_node(bootstrap_servers: str, topic: str,
 
 def raw_records(bootstrap_servers: str, topic: str, table: bytes) -> list[tuple[int, bytes]]:
     """The raw records of ``table`` (its id) on ``topic``: (partition, value)."""
+    return [(partition, value) for partition, key, value in messages(bootstrap_servers, topic)
+            if key.startswith(table)]
+
+
+def messages(bootstrap_servers: str, topic: str) -> list[tuple[int, bytes, bytes]]:
+    """Every record of ``topic`` (read_uncommitted): (partition, key, value)."""
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "unused",
                          "enable.partition.eof": True, "enable.auto.commit": False})
     try:
@@ -103,11 +110,18 @@ def raw_records(bootstrap_servers: str, topic: str, table: bytes) -> list[tuple[
             for message in consumer.consume(1000, timeout=0.5):
                 if message.error() is not None:
                     pending.discard(message.partition())
-                elif message.key().startswith(table):
-                    records.append((message.partition(), message.value()))
+                else:
+                    records.append((message.partition(), message.key(), message.value()))
         return records
     finally:
         consumer.close()
+
+
+def drops_by_node(bootstrap_servers: str, server: str, table: bytes) -> collections.Counter[str]:
+    """How many drop records of ``table`` (its id) each agent (node id) has on ``<server>.table-schemas``."""
+    records = (SchemaRecord.decode(value) for _, _, value in messages(bootstrap_servers, f"{server}.table-schemas"))
+    return collections.Counter(record.node for record in records
+                               if record.dropped and uuid.UUID(record.table_id).bytes == table)
 
 
 def table_id(session: Any, keyspace: str, table: str) -> bytes:

@@ -229,6 +229,51 @@ def test_schema_change_logged_by_the_node_reloads_the_cluster_schema(harness: Ma
     raw.close()
 
 
+@pytest.mark.parametrize("source", ["cluster", "schema file"])
+def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHarness, source: str,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """DROP TABLE, with the schema from the cluster: the node logs it as system_schema mutations, the agent's
+    read at them lacks the table, and the agent publishes the table's last definition as dropped, once. A
+    schema file that leaves a table out says nothing of a drop (an edit, maybe): no drop is published."""
+    without_events = SCHEMA_CQL.replace(
+        "CREATE TABLE ks.events (pk int, ck int, v text, s int static, PRIMARY KEY (pk, ck)) WITH cdc = true;", "")
+    assert without_events != SCHEMA_CQL
+    cluster_schema = [parse_schema(SCHEMA_CQL + SYSTEM_CQL)]
+
+    def from_cluster(agent: Agent) -> None:
+        agent.tables = tables_module.TableRegistry(agent.config, loader=lambda: cluster_schema[0],
+                                                   from_cluster=True)
+
+    h = harness(node_schema=parse_schema(SCHEMA_CQL + SYSTEM_CQL))
+    h.insert("ks.events", pk=1, ck=1, v="before the drop")
+    h.node.sync()
+    with caplog.at_level(logging.INFO), running(h.config(), from_cluster if source == "cluster" else None):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the write before the DROP")
+        if source == "cluster":
+            cluster_schema[0] = parse_schema(without_events + SYSTEM_CQL)
+            h.insert("system_schema.tables", keyspace_name="ks", table_name="events")
+        else:
+            h.schema_file.write_text(without_events)
+            wait_until(lambda: any("changed: reloading it" in r.getMessage() for r in caplog.records),
+                       "the schema file reloaded")
+        h.insert("ks.users", id=1, name="after the drop")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the write after the DROP")
+        if source == "cluster":
+            wait_until(lambda: [r for r in schema_versions(h, "ks.events") if r.dropped], "the drop published")
+    records = schema_versions(h, "ks.events")
+    last = SCHEMA.table("ks", "events")
+    if source == "cluster":
+        assert [(r.dropped, r.node, r.version) for r in records] == [(False, "node1", last.version_hash()),
+                                                                    (True, "node1", last.version_hash())]
+        assert records[1].table_metadata().to_cql() == last.to_cql()
+    else:
+        assert [r.dropped for r in records] == [False]
+    assert not [r for r in schema_versions(h, "ks.users") if r.dropped]
+    raw.close()
+
+
 EVENTS_ALTERED_CQL = ALTERED_CQL.replace("s int static,", "s int static, w text,")
 
 

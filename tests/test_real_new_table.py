@@ -5,7 +5,8 @@ real ``cdc_raw`` and real Kafka (``real_kafka``). ``CREATE TABLE ... WITH cdc = 
 at CONSISTENCY ALL right away: every node's agent must publish every row. Once with the schema read
 from the node by CQL (reloaded when the node logs the schema change), once with a schema file that gets
 the new table only after its first mutations were read (a schema that reaches the agent late): the
-agent waits at the first unknown mutation instead of skipping it.
+agent waits at the first unknown mutation instead of skipping it. Then, with the schema read by CQL,
+``DROP TABLE``: every node's agent publishes the drop once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from real_system import System, records_by_node, session_at_all, table_id, topic_exists, wait_for
+from real_system import (System, drops_by_node, records_by_node, session_at_all, table_id, topic_exists,
+                         wait_for)
 
 KEYSPACE = "real_new_table"
 ROWS = 200
@@ -74,6 +76,11 @@ def test_a_table_created_while_the_agents_run_loses_no_row(real_cassandra, real_
         around = table_id(session, KEYSPACE, existing)
         assert records_by_node(real_kafka.bootstrap_servers, raw_topic, around) == {
             node.address: 2 for node in real_cassandra.nodes}
+        if source == "cql":
+            session.execute(f"DROP TABLE {KEYSPACE}.{table}")
+            every_node = {node.address: 1 for node in real_cassandra.nodes}
+            wait_for(lambda: drops_by_node(real_kafka.bootstrap_servers, server, created) == every_node,
+                     "every node's agent to publish the drop", 60, system.agents)
     finally:
         system.stop()
     # (Cassandra's own tables, left out of the schema file, are skipped: not the new one.)

@@ -5,15 +5,17 @@ test_schema_registry.)"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from cassandra_cdc.kafka.schema_catalog import SchemaCatalog
 from cassandra_cdc.kafka.schema_records import SchemaRecord, table_ddl
 from cassandra_cdc.pipeline.event_sink import SinkSettings
 from cassandra_cdc.pipeline.pipeline_config import PipelineConfig, load_config
@@ -127,9 +129,9 @@ def test_avro_records_read_back_with_the_schemas_registered(monkeypatch: Any) ->
         "io.debezium.connector.schema.Change"
 
 
-def publish_version(publisher: RawPublisher, cql: str, node: str) -> None:
-    """``cql``'s app.items, published to the catalog as the agent on ``node`` does."""
-    record = SchemaRecord.of(parse_schema(cql).table("app", "items"), node)
+def publish_version(publisher: RawPublisher, cql: str, node: str, dropped: bool = False) -> None:
+    """``cql``'s app.items, published to the catalog as the agent on ``node`` does (``dropped``: its drop)."""
+    record = SchemaRecord.of(parse_schema(cql).table("app", "items"), node, dropped)
     publisher.producer.produce(f"{publisher.server}.table-schemas", record.encode(), record.key)
     publisher.producer.flush(30)
 
@@ -191,17 +193,31 @@ def test_each_table_version_once_across_pipeline_restarts(real_kafka: Any, spark
         publisher.close()
 
 
-def test_two_publishers_of_one_server_write_each_version_once(real_kafka: Any) -> None:
-    """Each publisher registers the server's transactional id before it reads what the topic holds: the one
-    that registered last writes; the other, fenced, registers again, reads again, and writes what is left."""
-    server = "twice"
-    bootstrap = real_kafka.bootstrap_servers
+@contextlib.contextmanager
+def catalog_and_two_publishers(bootstrap: str,
+                               server: str) -> Iterator[tuple[RawPublisher, SchemaChangePublisher,
+                                                              SchemaChangePublisher]]:
+    """A publisher of the server's catalog, as its agents, and two schema change publishers of the server, as
+    two of its pipelines."""
     pipeline_config = load_config(None, {"server": server, "checkpoint": "/unused",
                                          "kafka.bootstrap_servers": bootstrap})
     sink: SinkSettings = sink_settings(pipeline_config)
     catalog = RawPublisher(bootstrap, server)
     first, second = (SchemaChangePublisher(pipeline_config, sink) for _ in range(2))
     try:
+        yield catalog, first, second
+    finally:
+        first.close()
+        second.close()
+        catalog.close()
+
+
+def test_two_publishers_of_one_server_write_each_version_once(real_kafka: Any) -> None:
+    """Each publisher registers the server's transactional id before it reads what the topic holds: the one
+    that registered last writes; the other, fenced, registers again, reads again, and writes what is left."""
+    server = "twice"
+    bootstrap = real_kafka.bootstrap_servers
+    with catalog_and_two_publishers(bootstrap, server) as (catalog, first, second):
         publish_version(catalog, V1, "node1")
         assert first.publish() == 1
         publish_version(catalog, V2, "node1")
@@ -214,9 +230,32 @@ def test_two_publishers_of_one_server_write_each_version_once(real_kafka: Any) -
         assert wait_for(lambda: len(changes(bootstrap, server)) == 3)
         assert second.publish() == 0  # V3 is on the topic now
         assert first.publish() == 0 and second.publish() == 0
-    finally:
-        first.close()
-        second.close()
-        catalog.close()
     assert changes(bootstrap, server) == [("CREATE", columns(V1)), ("ALTER", columns(V2)),
                                           ("ALTER", columns(V3))]
+
+
+def test_a_dropped_table_is_one_drop_after_its_versions(real_kafka: Any) -> None:
+    """Each agent publishes the drop with the last definition it had, one of them an older one (its node had
+    not applied the ALTER): one ``DROP``, of the table as the catalog held it, once across publishers; the
+    catalog still decodes the table's records (those published before the drop, read late)."""
+    server = "dropped"
+    bootstrap = real_kafka.bootstrap_servers
+    with catalog_and_two_publishers(bootstrap, server) as (catalog, first, second):
+        publish_version(catalog, V1, "node1")
+        publish_version(catalog, V2, "node1")
+        assert first.publish() == 2
+        publish_version(catalog, V1, "node3", dropped=True)
+        publish_version(catalog, V2, "node1", dropped=True)
+        assert first.publish() == 1
+        assert wait_for(lambda: len(changes(bootstrap, server)) == 3)
+        assert second.publish() == 0
+    assert changes(bootstrap, server) == [("CREATE", columns(V1)), ("ALTER", columns(V2)), ("DROP", columns(V2))]
+    drop = read_all(bootstrap, server)[2]["payload"]
+    assert (drop["ddl"], drop["databaseName"], drop["source"]["node"]) == ("DROP TABLE app.items;", "app", "node3")
+    items = parse_schema(V2).table("app", "items")
+    read_back = SchemaCatalog(bootstrap, (f"{server}.table-schemas",))
+    try:
+        held = read_back.table(items.id)
+    finally:
+        read_back.close()
+    assert held is not None and held[0].to_cql() == items.to_cql()

@@ -1,4 +1,4 @@
-"""Publishing a table's schema to the schema topic before the first record that needs it."""
+"""Publishing a table's schema to the schema topic before the first record that needs it, and its drop."""
 
 from __future__ import annotations
 
@@ -33,14 +33,24 @@ class SchemaPublisher:
         version = table.version_hash()
         if self._published.get(table.id) == version:
             return True
-        record = SchemaRecord.of(table, self._node_id)
+        if not self._publish(SchemaRecord.of(table, self._node_id)):
+            return False
+        self._published[table.id] = version
+        log.info("published the schema of %s (version %s)", table.qualified_name, version)
+        return True
+
+    def publish_dropped(self, table: TableMetadata) -> bool:
+        """Publish (and wait for) the drop of the table, with its last definition; False if stopped meanwhile."""
+        if not self._publish(SchemaRecord.of(table, self._node_id, dropped=True)):
+            return False
+        self._published.pop(table.id, None)
+        log.info("published the drop of %s (id %s)", table.qualified_name, table.id)
+        return True
+
+    def _publish(self, record: SchemaRecord) -> bool:
         delivered: list[KafkaError | None] = []
         self._publisher.publish(self._schema_topic, record.key, record.encode(),
                                 lambda error, _: delivered.append(error), self._while_blocked)
         while not delivered and not self._stopping.is_set():
             self._publisher.poll(0.05)
-        if delivered and self._publisher.check(delivered[0]):
-            self._published[table.id] = version
-            log.info("published the schema of %s (version %s)", table.qualified_name, version)
-            return True
-        return False
+        return bool(delivered) and self._publisher.check(delivered[0])

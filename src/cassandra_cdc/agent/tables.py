@@ -11,6 +11,11 @@ which the schema cannot tell apart. Its mutation holds reading back while the sc
 (:meth:`TableRegistry.await_table`), for up to ``unknown_table_wait_seconds``; only then are its
 mutations skipped, as Cassandra skips a dropped table's. A system table a schema file leaves out is
 skipped at once.
+
+A published table that a read of the cluster's schema no longer has was dropped: a read may lag behind the
+node's schema changes, never run ahead of them, and a table is only ever gone by a ``DROP``. The registry
+keeps it in ``dropped`` until the agent has published the drop. A schema file that leaves a table out does
+not say that it was dropped (it may be an edit): with a file, no drop is published.
 """
 
 from __future__ import annotations
@@ -49,9 +54,15 @@ SETTLE_SECONDS = 0.5
 
 
 class TableRegistry:
-    def __init__(self, config: AgentConfig, loader: Callable[[], Schema] | None = None) -> None:
+    def __init__(self, config: AgentConfig, loader: Callable[[], Schema] | None = None,
+                 from_cluster: bool | None = None) -> None:
+        """``loader``: reads the schema (default: from the config's source); ``from_cluster``: whether it reads
+        the cluster's (default: whether the config's source is the cluster), whose lost tables were dropped."""
         self._config = config
         self._load = loader or _schema_loader(config)
+        self._from_cluster = config.schema_.cassandra is not None if from_cluster is None else from_cluster
+        # Published tables the cluster's schema has lost, by id, until the agent has published their drop.
+        self.dropped: dict[uuid.UUID, TableMetadata] = {}
         self._loaded_at = 0.0
         self._changed: tuple[tuple[int, int] | None, float] | None = None  # (new stamp, first seen at)
         self._unknown_logged: set[uuid.UUID] = set()
@@ -88,10 +99,18 @@ class TableRegistry:
         self._loaded_at = time.monotonic()
         if schema is self.schema:
             return  # the schema read last, unchanged since
+        if self._from_cluster:
+            self._note_drops(schema)
         self.schema = schema
         self._routes.clear()  # tables may have changed
         names = sorted(t.qualified_name for t in self.schema if self.is_published(t))
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
+
+    def _note_drops(self, schema: Schema) -> None:
+        for table in self.schema:
+            if self.is_published(table) and schema.table_by_id(table.id) is None:
+                self.dropped[table.id] = table
+                log.info("%s (id %s) was dropped: publishing its drop", table.qualified_name, table.id)
 
     def close(self) -> None:
         """Close the connection the schema is read on, if any."""

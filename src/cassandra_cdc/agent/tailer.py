@@ -283,6 +283,7 @@ class Agent:
                 break  # newer segments wait until this one is complete: per-partition order
         if not self._stopping.is_set():
             self._publish_truncations(segments)
+            self._publish_drops()
         self._housekeeping()
         return progressed
 
@@ -456,6 +457,16 @@ class Agent:
         """Publish the schema of a route's table, before its first record; False if stopped meanwhile."""
         route.schema_published = self.schemas.ensure_published(route.table)
         return route.schema_published
+
+    def _publish_drops(self) -> None:
+        """Publish the drops of the tables the schema lost (``TableRegistry.dropped``), each once. The read
+        that finds a drop may be the one made a second after the node logged it (``may_lag``), which no record
+        of the dropped table follows to prompt: it is made here once it is due."""
+        self.tables.may_lag()
+        for table_id, table in list(self.tables.dropped.items()):
+            if not self.schemas.publish_dropped(table):
+                return
+            del self.tables.dropped[table_id]
 
     # --- truncations ------------------------------------------------------------------------------
 

@@ -4,7 +4,8 @@ The catalog reads one or more topics, in order (by default the schema topic of v
 ``<server>``, then ``<server>.table-schemas``, ``topic_names.schema_topics``): a later definition of a
 table replaces an earlier one, unless it lacks a column the held one has (or has dropped) without recording
 it dropped: then it is older, published late by an agent whose node had not applied a change yet, and is
-ignored (logged). Records that are not schema records are skipped.
+ignored (logged). A table's drop record keeps the definition held (records of the table published before
+the drop still decode with it). Records that are not schema records are skipped.
 
 The pipeline never connects to Cassandra: a raw record names its table by id, and the schema topic
 maps ids to definitions. The catalog reads the (compacted, small) topic to its end once, then only
@@ -103,6 +104,12 @@ class SchemaCatalog:
             log.error("ignoring an unreadable schema record: %s", error)
             return
         held = self.schema.table_by_id(table.id)
+        if record.dropped and held is not None:
+            # An agent's last definition of the table, maybe older than the one held: the drop is news, the
+            # definition not.
+            if self._on_record is not None:
+                self._on_record(record, held)
+            return
         lost = [] if held is None else lost_columns(table, held)
         if lost:
             if (table.id, record.version) not in self._ignored:

@@ -8,6 +8,10 @@ Key: ``<keyspace>.<table>`` (UTF-8). Value (JSON)::
 
 ``version`` changes whenever the definition does; the pipeline decodes a raw record with the schema
 whose ``table_id`` matches it, and the latest ``version`` of it.
+
+When a table is dropped, each agent that saw it go publishes its last definition once more with
+``"dropped": true`` (absent otherwise, so that readers of earlier versions read every other record): what
+the pipeline writes Debezium's ``DROP`` from, and still decodes the table's late records with.
 """
 
 from __future__ import annotations
@@ -29,18 +33,20 @@ class SchemaRecord:
     cql: str
     node: str
     ts_ms: int
+    dropped: bool = False
 
     @staticmethod
-    def of(table: TableMetadata, node: str) -> "SchemaRecord":
+    def of(table: TableMetadata, node: str, dropped: bool = False) -> "SchemaRecord":
         return SchemaRecord(table.keyspace, table.name, str(table.id), table.version_hash(), table_ddl(table), node,
-                            int(time.time() * 1000))
+                            int(time.time() * 1000), dropped)
 
     @property
     def key(self) -> bytes:
         return f"{self.keyspace}.{self.table}".encode()
 
     def encode(self) -> bytes:
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+        fields = {name: value for name, value in self.__dict__.items() if name != "dropped" or value}
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @staticmethod
     def decode(value: bytes) -> "SchemaRecord":

@@ -4,11 +4,10 @@ agents publish to their catalog (``<server>.table-schemas``).
 
 While the pipeline's query runs, a daemon thread of the driver follows the catalog (``SchemaCatalog``)
 and writes a record for each table version it has not written yet: ``CREATE`` for the first version of a
-table on the topic, ``ALTER`` for each later one. The catalog never says that a table was dropped (an
-agent publishes a definition before the first record that needs it, nothing when the table goes): there
-is no ``DROP``.
+table on the topic, ``ALTER`` for each later one, and ``DROP`` once for a table the agents saw dropped (each
+agent publishes the drop, see ``schema_records``).
 
-Each version once, across restarts and between pipelines of one server: each record carries its table's
+Each version (and drop) once, across restarts and between pipelines of one server: each record carries its table's
 id and version in its headers, and before it writes, a publisher reads the topic (read_committed) for
 what is there already, then writes what is missing in a Kafka transaction under one transactional id
 per server. Registering that id (``init_transactions``) fences every other publisher of the server and
@@ -20,9 +19,9 @@ compacted per table) has no record.
 The format is Debezium's (``SchemaFactory``, ``ConnectTableChangeSerializer``, ``EventDispatcher``): key
 ``io.debezium.connector.cassandra_cdc.SchemaChangeKey`` ``{databaseName}``, value
 ``io.debezium.connector.cassandra_cdc.SchemaChangeValue`` with the events' ``source`` block, ``ts_ms``,
-``databaseName`` (the keyspace), ``schemaName`` (null), ``ddl`` (the table's CQL as the agents publish it)
-and ``tableChanges`` (one ``io.debezium.connector.schema.Change`` with the table's primary key and
-columns), in the events' format, on partition 0 of a topic created as Debezium's schema history topic
+``databaseName`` (the keyspace), ``schemaName`` (null), ``ddl`` (the table's CQL as the agents publish it;
+``DROP TABLE`` for a drop) and ``tableChanges`` (one ``io.debezium.connector.schema.Change`` with the table's
+primary key and columns, for a drop those it had), in the events' format, on partition 0 of a topic created as Debezium's schema history topic
 is (one partition, ``cleanup.policy=delete``, no retention limit). Reference: ``docs/events.md``.
 """
 
@@ -43,6 +42,7 @@ from ..kafka.consume import TopicFollower
 from ..kafka.schema_catalog import SchemaCatalog
 from ..kafka.schema_records import SchemaRecord
 from ..schema import ColumnKind, ColumnMetadata, TableMetadata
+from ..schema.types import quote
 from .event_sink import TIMEOUT, SinkSettings, ensure_topic
 from .pipeline_config import PipelineConfig
 
@@ -59,7 +59,9 @@ TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.byt
 # How often the driver reads the catalog for new table versions.
 INTERVAL_SECONDS = 1.0
 
-ChangeType = Literal["CREATE", "ALTER"]
+ChangeType = Literal["CREATE", "ALTER", "DROP"]
+# The version header of a table's DROP.
+DROPPED_VERSION = "dropped"
 
 
 def _optional(type_: str, field: str) -> dict[str, Any]:
@@ -156,8 +158,9 @@ class SchemaChangeEncoder:
         its source's time is when an agent first published the version, its node that agent's."""
         source = Source(self._server, self._cluster, table.keyspace, table.name, record.ts_ms * 1000, False,
                         record.node, None, None)
+        ddl = f"DROP TABLE {quote(table.keyspace)}.{quote(table.name)};" if change == "DROP" else record.cql
         return self._value.encode({"source": source.as_dict(), "ts_ms": ts_ms, "databaseName": table.keyspace,
-                                   "schemaName": None, "ddl": record.cql,
+                                   "schemaName": None, "ddl": ddl,
                                    "tableChanges": [table_change(table, change)]})
 
 
@@ -200,7 +203,8 @@ class SchemaChangePublisher:
         try:
             producer.begin_transaction()
             for (table_id, version), (record, table) in self._pending.items():
-                change: ChangeType = "ALTER" if table_id in tables else "CREATE"
+                change: ChangeType = ("DROP" if record.dropped else "ALTER" if table_id in tables
+                                      else "CREATE")
                 tables.add(table_id)
                 producer.produce(self.topic, self._encoder.value(record, table, change, now_ms),
                                  self._encoder.key(table.keyspace), partition=0,
@@ -223,7 +227,7 @@ class SchemaChangePublisher:
         self._written.close()
 
     def _read_version(self, record: SchemaRecord, table: TableMetadata) -> None:
-        key = (record.table_id, record.version)
+        key = (record.table_id, DROPPED_VERSION if record.dropped else record.version)
         if key not in self._versions:
             self._pending.setdefault(key, (record, table))
 
