@@ -324,3 +324,35 @@ def test_a_schema_read_that_misses_a_logged_change_is_made_again_before_the_reco
         raw.wait_for(lambda: several in raw.arrival, "a mutation of two updates after the second ALTER")
     assert alters == {"logged": 2, "applied": 2}
     raw.close()
+
+
+def test_a_change_the_node_applies_seconds_after_logging_it_reaches_the_schema_topic_before_its_records(
+        harness: MakeHarness) -> None:
+    """A node under load applies a logged ALTER seconds after it logged it: every read the agent makes until
+    then has the schema before, the reads a second after the change included. A record that needs the added
+    column, written two seconds after the change (a mutation of one update, published undecoded), still waits
+    for the new definition, which reaches the schema topic first."""
+    schemas = [parse_schema(cql + SYSTEM_CQL) for cql in (SCHEMA_CQL, ALTERED_CQL)]
+    applied_at = [float("inf")]
+
+    def from_cluster(agent: Agent) -> None:
+        agent.tables = tables_module.TableRegistry(
+            agent.config, loader=lambda: schemas[time.monotonic() >= applied_at[0]])
+
+    h = harness(published={"ks.users"}, node_schema=schemas[-1])
+    h.insert("ks.users", id=1, name="before")
+    h.node.sync()
+    with running(h.config(), from_cluster):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the change before the ALTER")
+        applied_at[0] = time.monotonic() + 4.0
+        h.insert("system_schema.columns", keyspace_name="ks", table_name="users", column_name="email",
+                 kind="regular", position=-1, type="text", clustering_order="none")
+        h.node.sync()
+        time.sleep(2.0)
+        needs_email = insert_with_email(h, 2)
+        h.node.sync()
+        raw.wait_for(lambda: needs_email in raw.arrival, "the change after the ALTER")
+        assert time.monotonic() >= applied_at[0]
+    assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
+    raw.close()

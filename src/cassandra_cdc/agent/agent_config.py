@@ -165,7 +165,9 @@ class AgentConfig(ServerTopics, _Section):
     unknown_table_wait_seconds: float = Field(
         60.0, ge=0, description="A mutation of a table the schema does not know holds reading back while "
                                 "the schema is reloaded, for up to this long, before it is skipped as "
-                                "Cassandra skips a dropped table's.")
+                                "Cassandra skips a dropped table's. Also how long after a schema change "
+                                "the node logged, and a read did not show, records are checked against the "
+                                "schema and one that needs a newer definition waits for it.")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -45,9 +45,6 @@ RELOAD_INTERVAL_SECONDS = 10.0
 UNREACHABLE_RETRY_SECONDS = 2.0
 # While a mutation of an unknown table holds reading back, the schema is reloaded this often.
 AWAIT_RELOAD_SECONDS = 1.0
-# A node applies a schema change right after it logs it: a schema read started this long after the agent read
-# the change in the commit log has it.
-SCHEMA_APPLIED_SECONDS = 1.0
 # A changed schema file is read once it has stayed unchanged this long: an editor or a copy may still be
 # writing it, and a half-written file could parse into a schema that lacks tables.
 SETTLE_SECONDS = 0.5
@@ -70,8 +67,10 @@ class TableRegistry:
         self._given_up: set[uuid.UUID] = set()
         # Per table id (its 16 bytes), for the schema loaded: what the per-record path needs of the table.
         self._routes: dict[bytes, Route] = {}
-        # After a logged schema change, until a read that surely has it: when to read again (monotonic).
-        self._confirm_at: float | None = None
+        # After a logged schema change that a read did not show yet: until when records are checked against the
+        # schema loaded, and when to read it again (monotonic).
+        self._checking_until: float | None = None
+        self._read_again_at = 0.0
         self.schema = Schema()
         self._first_load()
 
@@ -153,35 +152,44 @@ class TableRegistry:
         after CREATE), so a skipped reload would leave the next table unknown and its mutations skipped.
 
         The read may still lack the change: the node logs it before it applies it (a read in between sees the
-        schema before), and a read can fail (the previous schema kept). When it failed or read nothing new (or
-        an earlier such read is not confirmed yet), ``may_lag`` says so until a read started
-        ``SCHEMA_APPLIED_SECONDS`` later succeeds. A node applies its schema changes one at a time, in the
-        order it logs them: a read that has a change newer than the last one read has every change logged
-        before."""
+        schema before; a node under load applies it seconds later), and a read can fail (the previous schema
+        kept). A node applies its schema changes one at a time, in the order it logs them: a read that has a
+        change newer than the last one read, with no earlier change in doubt, has this one. Otherwise
+        ``may_lag`` says so for ``unknown_table_wait_seconds`` after the change (each later change in doubt
+        starting it again), while the schema is read again every ``AWAIT_RELOAD_SECONDS``: no read can tell
+        that it has the change (a read with a newer schema may have an earlier change only), so the records
+        are checked against the schema loaded meanwhile, and one that names a column it lacks waits for the
+        newer definition (``reload_for_undecodable``)."""
         before = self.schema
-        if not self._reload_or_keep() or self.schema is before or self._confirm_at is not None:
-            self._confirm_at = time.monotonic() + SCHEMA_APPLIED_SECONDS
+        if not self._reload_or_keep() or self.schema is before or self._checking_until is not None:
+            now = time.monotonic()
+            self._checking_until = now + self._config.unknown_table_wait_seconds
+            self._read_again_at = now + AWAIT_RELOAD_SECONDS
 
     def may_lag(self) -> bool:
-        """Whether the schema loaded may lack a schema change the node logged (see ``schema_changed``); once
-        the time has come, reads again (at most every ``AWAIT_RELOAD_SECONDS`` while it fails) to know."""
-        if self._confirm_at is None:
+        """Whether the schema loaded may lack a schema change the node logged (see ``schema_changed``); reads
+        it again when the time has come."""
+        if self._checking_until is None:
             return False
-        if time.monotonic() >= self._confirm_at:
-            if self._reload_or_keep():
-                self._confirm_at = None
-                return False
-            self._confirm_at = time.monotonic() + AWAIT_RELOAD_SECONDS
+        now = time.monotonic()
+        if now >= self._checking_until:
+            self._checking_until = None
+            return False
+        if now >= self._read_again_at:
+            self._reload_or_keep()
+            self._read_again_at = time.monotonic() + AWAIT_RELOAD_SECONDS
         return True
 
     def reload_for_undecodable(self, where: str, pause: Callable[[float], bool]) -> bool | None:
         """A mutation at ``where`` does not decode with the schema loaded, which may be older than the one its
-        node wrote it with (see ``schema_changed``): read the schema again, waiting while it cannot be read
-        (every ``AWAIT_RELOAD_SECONDS``, for up to ``unknown_table_wait_seconds``). True when the schema read
-        differs from the one loaded before (decode again), False when not (the mutation is damaged), None when
-        the agent stops meanwhile (``pause`` returned True)."""
+        node wrote it with (see ``schema_changed``): read the schema again, waiting while it cannot be read,
+        and while a logged change is in doubt (``may_lag``) until it differs (every ``AWAIT_RELOAD_SECONDS``,
+        for up to ``unknown_table_wait_seconds``). True when the schema read differs from the one loaded
+        before (decode again), False when not (the mutation is damaged), None when the agent stops meanwhile
+        (``pause`` returned True)."""
         before = self.schema
-        loaded = self._reload_until(lambda loaded: loaded, pause)
+        in_doubt = self.may_lag()
+        loaded = self._reload_until(lambda loaded: loaded and (self.schema is not before or not in_doubt), pause)
         if loaded is None:
             return None
         if not loaded or self.schema is before:

@@ -460,8 +460,8 @@ class Agent:
 
     def _publish_drops(self) -> None:
         """Publish the drops of the tables the schema lost (``TableRegistry.dropped``), each once. The read
-        that finds a drop may be the one made a second after the node logged it (``may_lag``), which no record
-        of the dropped table follows to prompt: it is made here once it is due."""
+        that finds a drop may be one made after the node logged it (``may_lag``), which no record of the
+        dropped table follows to prompt: it is made here once it is due."""
         self.tables.may_lag()
         for table_id, table in list(self.tables.dropped.items()):
             if not self.schemas.publish_dropped(table):
