@@ -119,7 +119,8 @@ def messages(bootstrap_servers: str, topic: str) -> list[tuple[int, bytes, bytes
 
 def drops_by_node(bootstrap_servers: str, server: str, table: bytes) -> collections.Counter[str]:
     """How many drop records of ``table`` (its id) each agent (node id) has on ``<server>.table-schemas``."""
-    records = (SchemaRecord.decode(value) for _, _, value in messages(bootstrap_servers, f"{server}.table-schemas"))
+    topic = f"{server}.table-schemas"
+    records = (SchemaRecord.decode(value) for _, _, value in messages(bootstrap_servers, topic))
     return collections.Counter(record.node for record in records
                                if record.dropped and uuid.UUID(record.table_id).bytes == table)
 

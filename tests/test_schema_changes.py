@@ -249,9 +249,11 @@ def test_a_dropped_table_is_one_drop_after_its_versions(real_kafka: Any) -> None
         assert first.publish() == 1
         assert wait_for(lambda: len(changes(bootstrap, server)) == 3)
         assert second.publish() == 0
-    assert changes(bootstrap, server) == [("CREATE", columns(V1)), ("ALTER", columns(V2)), ("DROP", columns(V2))]
+    assert changes(bootstrap, server) == [("CREATE", columns(V1)), ("ALTER", columns(V2)),
+                                          ("DROP", columns(V2))]
     drop = read_all(bootstrap, server)[2]["payload"]
-    assert (drop["ddl"], drop["databaseName"], drop["source"]["node"]) == ("DROP TABLE app.items;", "app", "node3")
+    assert (drop["ddl"], drop["databaseName"], drop["source"]["node"]) == (
+        "DROP TABLE app.items;", "app", "node3")
     items = parse_schema(V2).table("app", "items")
     read_back = SchemaCatalog(bootstrap, (f"{server}.table-schemas",))
     try:

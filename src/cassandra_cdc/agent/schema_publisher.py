@@ -40,7 +40,8 @@ class SchemaPublisher:
         return True
 
     def publish_dropped(self, table: TableMetadata) -> bool:
-        """Publish (and wait for) the drop of the table, with its last definition; False if stopped meanwhile."""
+        """Publish (and wait for) the drop of the table, with its last definition; False if stopped
+        meanwhile."""
         if not self._publish(SchemaRecord.of(table, self._node_id, dropped=True)):
             return False
         self._published.pop(table.id, None)

@@ -53,8 +53,9 @@ SETTLE_SECONDS = 0.5
 class TableRegistry:
     def __init__(self, config: AgentConfig, loader: Callable[[], Schema] | None = None,
                  from_cluster: bool | None = None) -> None:
-        """``loader``: reads the schema (default: from the config's source); ``from_cluster``: whether it reads
-        the cluster's (default: whether the config's source is the cluster), whose lost tables were dropped."""
+        """``loader``: reads the schema (default: from the config's source); ``from_cluster``: whether it
+        reads the cluster's (default: whether the config's source is the cluster), whose lost tables were
+        dropped."""
         self._config = config
         self._load = loader or _schema_loader(config)
         self._from_cluster = config.schema_.cassandra is not None if from_cluster is None else from_cluster
@@ -67,8 +68,8 @@ class TableRegistry:
         self._given_up: set[uuid.UUID] = set()
         # Per table id (its 16 bytes), for the schema loaded: what the per-record path needs of the table.
         self._routes: dict[bytes, Route] = {}
-        # After a logged schema change that a read did not show yet: until when records are checked against the
-        # schema loaded, and when to read it again (monotonic).
+        # After a logged schema change that a read did not show yet: until when records are checked against
+        # the schema loaded, and when to read it again (monotonic).
         self._checking_until: float | None = None
         self._read_again_at = 0.0
         self.schema = Schema()
@@ -189,7 +190,8 @@ class TableRegistry:
         (``pause`` returned True)."""
         before = self.schema
         in_doubt = self.may_lag()
-        loaded = self._reload_until(lambda loaded: loaded and (self.schema is not before or not in_doubt), pause)
+        loaded = self._reload_until(lambda loaded: loaded and (self.schema is not before or not in_doubt),
+                                    pause)
         if loaded is None:
             return None
         if not loaded or self.schema is before:

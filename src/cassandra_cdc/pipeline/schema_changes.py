@@ -7,22 +7,23 @@ and writes a record for each table version it has not written yet: ``CREATE`` fo
 table on the topic, ``ALTER`` for each later one, and ``DROP`` once for a table the agents saw dropped (each
 agent publishes the drop, see ``schema_records``).
 
-Each version (and drop) once, across restarts and between pipelines of one server: each record carries its table's
-id and version in its headers, and before it writes, a publisher reads the topic (read_committed) for
-what is there already, then writes what is missing in a Kafka transaction under one transactional id
-per server. Registering that id (``init_transactions``) fences every other publisher of the server and
-ends its open transaction; the publisher registers before it reads, so what it commits was not on the
-topic, and no other publisher commits it (one that registered later fences this one's commit; one that
-registered earlier is fenced). A version the catalog lost before the pipeline read it (the catalog is
-compacted per table) has no record.
+Each version (and drop) once, across restarts and between pipelines of one server: each record carries
+its table's id and version in its headers, and before it writes, a publisher reads the topic
+(read_committed) for what is there already, then writes what is missing in a Kafka transaction under one
+transactional id per server. Registering that id (``init_transactions``) fences every other publisher of
+the server and ends its open transaction; the publisher registers before it reads, so what it commits was
+not on the topic, and no other publisher commits it (one that registered later fences this one's commit;
+one that registered earlier is fenced). A version the catalog lost before the pipeline read it (the
+catalog is compacted per table) has no record.
 
 The format is Debezium's (``SchemaFactory``, ``ConnectTableChangeSerializer``, ``EventDispatcher``): key
 ``io.debezium.connector.cassandra_cdc.SchemaChangeKey`` ``{databaseName}``, value
 ``io.debezium.connector.cassandra_cdc.SchemaChangeValue`` with the events' ``source`` block, ``ts_ms``,
 ``databaseName`` (the keyspace), ``schemaName`` (null), ``ddl`` (the table's CQL as the agents publish it;
-``DROP TABLE`` for a drop) and ``tableChanges`` (one ``io.debezium.connector.schema.Change`` with the table's
-primary key and columns, for a drop those it had), in the events' format, on partition 0 of a topic created as Debezium's schema history topic
-is (one partition, ``cleanup.policy=delete``, no retention limit). Reference: ``docs/events.md``.
+``DROP TABLE`` for a drop) and ``tableChanges`` (one ``io.debezium.connector.schema.Change`` with the
+table's primary key and columns, for a drop those it had), in the events' format, on partition 0 of a
+topic created as Debezium's schema history topic is (one partition, ``cleanup.policy=delete``, no
+retention limit). Reference: ``docs/events.md``.
 """
 
 from __future__ import annotations
