@@ -246,15 +246,16 @@ def test_schema_change_logged_by_the_node_reloads_the_cluster_schema(harness: Ma
     assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
 
 
+WITHOUT_EVENTS_CQL = "\n".join(line for line in SCHEMA_CQL.splitlines()
+                               if not line.startswith("CREATE TABLE ks.events "))
+
+
 @pytest.mark.parametrize("source", ["cluster", "schema file"])
 def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHarness, source: str,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """DROP TABLE, with the schema from the cluster: the node logs it as system_schema mutations, the agent's
     read at them lacks the table, and the agent publishes the table's last definition as dropped, once. A
     schema file that leaves a table out says nothing of a drop (an edit, maybe): no drop is published."""
-    without_events = "\n".join(line for line in SCHEMA_CQL.splitlines()
-                                if not line.startswith("CREATE TABLE ks.events "))
-    assert "ks.events" not in without_events and "ks.users" in without_events
     cluster_schema = [parse_schema(SCHEMA_CQL + SYSTEM_CQL)]
 
     def from_cluster(agent: Agent) -> None:
@@ -268,10 +269,10 @@ def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHa
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "the write before the DROP")
         if source == "cluster":
-            cluster_schema[0] = parse_schema(without_events + SYSTEM_CQL)
+            cluster_schema[0] = parse_schema(WITHOUT_EVENTS_CQL + SYSTEM_CQL)
             h.insert("system_schema.tables", keyspace_name="ks", table_name="events")
         else:
-            h.schema_file.write_text(without_events)
+            h.schema_file.write_text(WITHOUT_EVENTS_CQL)
             wait_until(lambda: any("changed: reloading it" in r.getMessage() for r in caplog.records),
                        "the schema file reloaded")
         h.insert("ks.users", id=1, name="after the drop")
@@ -353,3 +354,42 @@ def test_a_change_the_node_applies_seconds_after_logging_it_reaches_the_schema_t
         raw.wait_for(lambda: needs_email in raw.arrival, "the change after the ALTER")
         assert time.monotonic() >= applied_at[0]
     assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
+
+
+class NodeReads:
+    """The schema as the agent's reader reads it: the node beside the agent's, or another node's while that one
+    is down (``node_beside_answered`` False)."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.node_beside_answered = True
+
+    def __call__(self) -> Schema:
+        return self.schema
+
+
+def test_a_table_another_node_lacks_is_no_drop(harness: MakeHarness) -> None:
+    """While the node beside the agent is down its schema is read from another node, which may lack a table
+    created moments before: that is no drop. Once the node beside answers again, a table it lacks is one."""
+    full, lacking = (parse_schema(cql + SYSTEM_CQL) for cql in (SCHEMA_CQL, WITHOUT_EVENTS_CQL))
+    assert lacking.table("ks", "events") is None and lacking.table("ks", "users") is not None
+    reads = NodeReads(full)
+
+    def read_after_a_logged_change(key: int) -> None:
+        h.insert("system_schema.tables", keyspace_name="ks", table_name=f"t{key}")
+        h.insert("ks.users", id=key, name="after a schema change")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the write after the schema change")
+
+    with agent_past_a_first_write(harness, full, reads) as (h, agent, raw):
+        reads.schema, reads.node_beside_answered = lacking, False
+        read_after_a_logged_change(2)
+        assert agent.tables.schema is lacking
+        reads.schema, reads.node_beside_answered = full, True
+        read_after_a_logged_change(3)
+        assert agent.tables.schema is full
+        assert schema_versions(h, "ks.events") == []  # the pass that read the other node's schema is over
+        reads.schema = lacking
+        read_after_a_logged_change(4)
+        wait_until(lambda: [r for r in schema_versions(h, "ks.events") if r.dropped], "the drop published")
+    assert [r.dropped for r in schema_versions(h, "ks.events")] == [True]

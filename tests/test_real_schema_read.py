@@ -90,3 +90,19 @@ def test_the_agents_reader_reads_the_schema_again_only_once_the_nodes_version_ch
         assert reader() is changed
     finally:
         reader.close()
+
+
+def test_the_agents_reader_says_whether_the_node_beside_it_answered(real_cassandra: Any) -> None:
+    """The agent takes a table lost from its schema for dropped only from reads of the node beside it: the
+    reader says which node answered. With the first contact point (the node beside) out of the cluster, as
+    when it is down, another node answers."""
+    node = real_cassandra.nodes[1]
+    for contact_points, beside in (([node.address], True), (["127.0.0.9", node.address], False)):
+        reader = ClusterSchemaReader(CassandraSchemaSource(contact_points=contact_points,
+                                                           port=real_cassandra.native_port))
+        try:
+            assert reader.node_beside_answered is False  # nothing read yet
+            assert "system_schema" in reader().keyspaces
+            assert reader.node_beside_answered is beside
+        finally:
+            reader.close()

@@ -18,7 +18,7 @@ import datetime
 import time
 import uuid
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, TypeVar
 
 from .cql import cql_literal
 from .model import ColumnKind, ColumnMetadata, KeyspaceMetadata, Schema, SchemaError, TableMetadata
@@ -61,11 +61,17 @@ def fetch_schema(session: Any, node: str | None = None) -> Schema:
     but not yet in ``dropped_columns``: the read is done again until the node's ``schema_version`` is the
     same after it as before.
     """
-    return fetch_versioned_schema(session, node)[1]
+    return fetch_versioned_schema(session, node).schema
 
 
-def fetch_versioned_schema(session: Any, node: str | None = None) -> tuple[uuid.UUID, Schema]:
-    """As :func:`fetch_schema`, with the ``schema_version`` of the node read (see :func:`schema_version`)."""
+class VersionedSchema(NamedTuple):
+    version: uuid.UUID  # the node's schema_version (see schema_version)
+    schema: Schema
+    node: str  # the address of the node read
+
+
+def fetch_versioned_schema(session: Any, node: str | None = None) -> VersionedSchema:
+    """As :func:`fetch_schema`, with the ``schema_version`` of the node read and its address."""
     return _from_a_node(session, node, _consistent_read)
 
 
@@ -90,14 +96,14 @@ def _from_a_node(session: Any, node: str | None, read: Callable[[Any, Any], _Rea
     raise NoHostAvailable("no node answered the system_schema read", failures)
 
 
-def _consistent_read(session: Any, host: Any) -> tuple[uuid.UUID, Schema]:
+def _consistent_read(session: Any, host: Any) -> VersionedSchema:
     for _ in range(CONSISTENT_READ_ATTEMPTS):
         version = _schema_version(session, host)
         rows = {name: [_as_dict(row) for row in session.execute(
                     f"SELECT {_SELECTS.get(name, '*')} FROM system_schema.{name}", host=host)]
                 for name in _TABLES}
         if _schema_version(session, host) == version:
-            return version, schema_from_system_schema_rows(**rows)
+            return VersionedSchema(version, schema_from_system_schema_rows(**rows), host.endpoint.address)
         time.sleep(CHANGING_SCHEMA_PAUSE_SECONDS)
     raise SchemaError(f"the schema of node {host.endpoint} changed during each of {CONSISTENT_READ_ATTEMPTS} "
                       "reads", "system_schema")
