@@ -357,8 +357,8 @@ def test_a_change_the_node_applies_seconds_after_logging_it_reaches_the_schema_t
 
 
 class NodeReads:
-    """The schema as the agent's reader reads it: the node beside the agent's, or another node's while that one
-    is down (``node_beside_answered`` False)."""
+    """The schema as the agent's reader reads it: the node beside the agent's, or another node's while that
+    one is down (``node_beside_answered`` False)."""
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
