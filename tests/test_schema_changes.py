@@ -24,7 +24,7 @@ from cassandra_cdc.pipeline.streaming_job import sink_settings, start
 from cassandra_cdc.schema import parse_schema
 from cassandra_cdc.simulator import Insert
 from test_events import DEBEZIUM_SOURCE_COMMON, OUR_SOURCE_FIELDS, FakeRegistry, _shape
-from test_pipeline_faults import V1, V2, RawPublisher, read_all, wait_for
+from test_pipeline_faults import TABLE_ID, V1, V2, RawPublisher, read_all, wait_for
 
 SCHEMA = parse_schema("""
 CREATE TYPE shop.addr (street text, number int);
@@ -237,9 +237,11 @@ def test_two_publishers_of_one_server_write_each_version_once(real_kafka: Any) -
 def test_a_dropped_table_is_one_drop_after_its_versions(real_kafka: Any) -> None:
     """Each agent publishes the drop with the last definition it had, one of them an older one (its node had
     not applied the ALTER): one ``DROP``, of the table as the catalog held it, once across publishers; the
-    catalog still decodes the table's records (those published before the drop, read late)."""
+    catalog still decodes the table's records (those published before the drop, read late) until a table of
+    its name is created again, another table (another id): ``CREATE``."""
     server = "dropped"
     bootstrap = real_kafka.bootstrap_servers
+    created_again = V1.replace(TABLE_ID, "5c0e7a10-0000-4000-8000-00000000000b")
     with catalog_and_two_publishers(bootstrap, server) as (catalog, first, second):
         publish_version(catalog, V1, "node1")
         publish_version(catalog, V2, "node1")
@@ -249,15 +251,17 @@ def test_a_dropped_table_is_one_drop_after_its_versions(real_kafka: Any) -> None
         assert first.publish() == 1
         assert wait_for(lambda: len(changes(bootstrap, server)) == 3)
         assert second.publish() == 0
+        items = parse_schema(V2).table("app", "items")
+        read_back = SchemaCatalog(bootstrap, (f"{server}.table-schemas",))
+        try:
+            held = read_back.table(items.id)
+        finally:
+            read_back.close()
+        assert held is not None and held[0].to_cql() == items.to_cql()
+        publish_version(catalog, created_again, "node2")
+        assert second.publish() == 1
     assert changes(bootstrap, server) == [("CREATE", columns(V1)), ("ALTER", columns(V2)),
-                                          ("DROP", columns(V2))]
+                                          ("DROP", columns(V2)), ("CREATE", columns(V1))]
     drop = read_all(bootstrap, server)[2]["payload"]
     assert (drop["ddl"], drop["databaseName"], drop["source"]["node"]) == (
         "DROP TABLE app.items;", "app", "node3")
-    items = parse_schema(V2).table("app", "items")
-    read_back = SchemaCatalog(bootstrap, (f"{server}.table-schemas",))
-    try:
-        held = read_back.table(items.id)
-    finally:
-        read_back.close()
-    assert held is not None and held[0].to_cql() == items.to_cql()

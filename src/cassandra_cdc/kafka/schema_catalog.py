@@ -5,7 +5,8 @@ The catalog reads one or more topics, in order (by default the schema topic of v
 table replaces an earlier one, unless it lacks a column the held one has (or has dropped) without recording
 it dropped: then it is older, published late by an agent whose node had not applied a change yet, and is
 ignored (logged). A table's drop record keeps the definition held (records of the table published before
-the drop still decode with it). Records that are not schema records are skipped.
+the drop still decode with it, until a table of its name is created again). Records that are not schema
+records are skipped.
 
 The pipeline never connects to Cassandra: a raw record names its table by id, and the schema topic
 maps ids to definitions. The catalog reads the (compacted, small) topic to its end once, then only
