@@ -95,14 +95,19 @@ def test_the_agents_reader_reads_the_schema_again_only_once_the_nodes_version_ch
 def test_the_agents_reader_says_whether_the_node_beside_it_answered(real_cassandra: Any) -> None:
     """The agent takes a table lost from its schema for dropped only from reads of the node beside it: the
     reader says which node answered. With the first contact point (the node beside) out of the cluster, as
-    when it is down, another node answers."""
+    when it is down, another node answers. (One that times out, on a loaded machine, leaves the read to
+    another node too: the node beside is asked up to three times.)"""
     node = real_cassandra.nodes[1]
-    for contact_points, beside in (([node.address], True), (["127.0.0.9", node.address], False)):
+
+    def node_beside_answered(contact_points: list[str]) -> bool:
         reader = ClusterSchemaReader(CassandraSchemaSource(contact_points=contact_points,
                                                            port=real_cassandra.native_port))
         try:
             assert reader.node_beside_answered is False  # nothing read yet
             assert "system_schema" in reader().keyspaces
-            assert reader.node_beside_answered is beside
+            return reader.node_beside_answered
         finally:
             reader.close()
+
+    assert any(node_beside_answered([node.address]) for _ in range(3))
+    assert not node_beside_answered(["127.0.0.9", node.address])
