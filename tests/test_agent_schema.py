@@ -167,7 +167,7 @@ def agent_past_a_first_write(harness: MakeHarness, node_schema: Schema,
     h.node.sync()
 
     def from_cluster(agent: Agent) -> None:
-        agent.tables = tables_module.TableRegistry(agent.config, loader=read_schema, from_cluster=True)
+        agent.tables = tables_module.TableRegistry(agent.config, loader=read_schema)
 
     with running(h.config(), from_cluster) as agent:
         raw = h.raw_reader()
@@ -250,17 +250,28 @@ WITHOUT_EVENTS_CQL = "\n".join(line for line in SCHEMA_CQL.splitlines()
                                if not line.startswith("CREATE TABLE ks.events "))
 
 
+class NodeReads:
+    """The schema as the agent's reader reads it: the node beside the agent's, or another node's while that
+    one is down (``node_beside_answered`` False)."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.node_beside_answered = True
+
+    def __call__(self) -> Schema:
+        return self.schema
+
+
 @pytest.mark.parametrize("source", ["cluster", "schema file"])
 def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHarness, source: str,
                                                                  caplog: pytest.LogCaptureFixture) -> None:
     """DROP TABLE, with the schema from the cluster: the node logs it as system_schema mutations, the agent's
     read at them lacks the table, and the agent publishes the table's last definition as dropped, once. A
     schema file that leaves a table out says nothing of a drop (an edit, maybe): no drop is published."""
-    cluster_schema = [parse_schema(SCHEMA_CQL + SYSTEM_CQL)]
+    reads = NodeReads(parse_schema(SCHEMA_CQL + SYSTEM_CQL))
 
     def from_cluster(agent: Agent) -> None:
-        agent.tables = tables_module.TableRegistry(agent.config, loader=lambda: cluster_schema[0],
-                                                   from_cluster=True)
+        agent.tables = tables_module.TableRegistry(agent.config, loader=reads)
 
     h = harness(node_schema=parse_schema(SCHEMA_CQL + SYSTEM_CQL))
     h.insert("ks.events", pk=1, ck=1, v="before the drop")
@@ -269,7 +280,7 @@ def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHa
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "the write before the DROP")
         if source == "cluster":
-            cluster_schema[0] = parse_schema(WITHOUT_EVENTS_CQL + SYSTEM_CQL)
+            reads.schema = parse_schema(WITHOUT_EVENTS_CQL + SYSTEM_CQL)
             h.insert("system_schema.tables", keyspace_name="ks", table_name="events")
         else:
             h.schema_file.write_text(WITHOUT_EVENTS_CQL)
@@ -354,18 +365,6 @@ def test_a_change_the_node_applies_seconds_after_logging_it_reaches_the_schema_t
         raw.wait_for(lambda: needs_email in raw.arrival, "the change after the ALTER")
         assert time.monotonic() >= applied_at[0]
     assert [("email text" in r.cql) for r in schema_versions(h, "ks.users")] == [False, True]
-
-
-class NodeReads:
-    """The schema as the agent's reader reads it: the node beside the agent's, or another node's while that
-    one is down (``node_beside_answered`` False)."""
-
-    def __init__(self, schema: Schema) -> None:
-        self.schema = schema
-        self.node_beside_answered = True
-
-    def __call__(self) -> Schema:
-        return self.schema
 
 
 def test_a_table_another_node_lacks_is_no_drop(harness: MakeHarness) -> None:

@@ -53,14 +53,12 @@ SETTLE_SECONDS = 0.5
 
 
 class TableRegistry:
-    def __init__(self, config: AgentConfig, loader: Callable[[], Schema] | None = None,
-                 from_cluster: bool | None = None) -> None:
-        """``loader``: reads the schema (default: from the config's source); ``from_cluster``: whether it
-        reads the cluster's (default: whether the config's source is the cluster), whose lost tables were
-        dropped."""
+    def __init__(self, config: AgentConfig, loader: Callable[[], Schema] | None = None) -> None:
+        """``loader``: reads the schema (default: from the config's source). One that reads the cluster's says
+        whether the node beside the agent answered its last read (``node_beside_answered``, as
+        ``ClusterSchemaReader``): only then is a table it lost taken for dropped."""
         self._config = config
         self._load = loader or _schema_loader(config)
-        self._from_cluster = config.schema_.cassandra is not None if from_cluster is None else from_cluster
         # Published tables the cluster's schema has lost, by id, until the agent has published their drop; the
         # schema read last from the node beside the agent.
         self.dropped: dict[uuid.UUID, TableMetadata] = {}
@@ -103,15 +101,14 @@ class TableRegistry:
         self._loaded_at = time.monotonic()
         if schema is self.schema:
             return  # the schema read last, unchanged since
-        if self._from_cluster:
-            self._note_drops(schema)
+        self._note_drops(schema)
         self.schema = schema
         self._routes.clear()  # tables may have changed
         names = sorted(t.qualified_name for t in self.schema if self.is_published(t))
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
 
     def _note_drops(self, schema: Schema) -> None:
-        if not getattr(self._load, "node_beside_answered", True):  # a loader of tests' stands for that node
+        if not getattr(self._load, "node_beside_answered", False):  # a schema file's, or another node's
             return
         previous, self._beside = self._beside, schema
         for table in previous or ():

@@ -66,7 +66,8 @@ class MapStateRequests:
         """The values of ``keys``, in their order (None: no value)."""
         if self._client is None:
             return [self._state.getValue(key) for key in keys]
-        answers = self._exchange(self._request(getValue=proto.GetValue(userKey=self._key(key))) for key in keys)
+        answers = self._exchange(self._request(getValue=proto.GetValue(userKey=self._dumps(key)))
+                                 for key in keys)
         return [_AnswerUnpickler(io.BytesIO(value)).load() if value else None for value in answers]
 
     def update_all(self, items: Iterable[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
@@ -75,7 +76,8 @@ class MapStateRequests:
             for key, value in items:
                 self._state.updateValue(key, value)
             return
-        self._exchange(self._request(updateValue=proto.UpdateValue(userKey=self._key(key), value=self._dumps(value)))
+        self._exchange(self._request(updateValue=proto.UpdateValue(userKey=self._dumps(key),
+                                                                   value=self._dumps(value)))
                        for key, value in items)
 
     def remove_all(self, keys: Iterable[tuple[Any, ...]]) -> None:
@@ -84,10 +86,7 @@ class MapStateRequests:
             for key in keys:
                 self._state.removeKey(key)
             return
-        self._exchange(self._request(removeKey=proto.RemoveKey(userKey=self._key(key))) for key in keys)
-
-    def _key(self, key: tuple[Any, ...]) -> bytes:
-        return self._dumps(key)
+        self._exchange(self._request(removeKey=proto.RemoveKey(userKey=self._dumps(key))) for key in keys)
 
     def _request(self, **call: Any) -> bytes:
         """A ``StateRequest`` of one ``MapStateCall`` of this state (``call``: its one operation)."""
