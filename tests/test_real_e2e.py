@@ -4,7 +4,7 @@ by CQL), the ``cassandra-cdc pipeline`` process (local[2]) on the real Kafka bro
 
 A CQL workload at CONSISTENCY ALL (cells, rows, partitions, ranges, TTLs, out-of-order timestamps,
 statics, collections, nested collections, user types, tuples, counters, batches, LWT, a TRUNCATE,
-ALTER TABLE, a table created while running, a table without CDC, many types), written partly while an
+ALTER TABLE, ALTER TYPE, a table created while running, a table without CDC, many types), written partly while an
 agent restarts (SIGTERM) and while the pipeline restarts (kill -9). A TRUNCATE before the agents start
 precedes them: it is not published. Then, once the TTLs have passed, each table's events (read_committed),
 replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
@@ -68,9 +68,13 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             # Schema changes while running.
             session.execute(f"ALTER TABLE {KEYSPACE}.rows ADD added int")
             session.execute(f"ALTER TABLE {KEYSPACE}.rows DROP gone")
+            session.execute(f"ALTER TYPE {KEYSPACE}.address ADD zip text")  # of collections.home, frozen_home
             session.execute(late_table_statement(KEYSPACE))
             assert session.cluster.control_connection.wait_for_schema_agreement(wait_time=60)
             write(f"UPDATE {KEYSPACE}.rows SET added = 7 WHERE pk = 3 AND ck = 0")
+            write(f"UPDATE {KEYSPACE}.collections SET home = {{street: 'new', number: 9, zip: '75001'}}, "
+                  f"frozen_home = {{street: 'new', number: 9, zip: '75002'}} WHERE id = 600")
+            write(f"UPDATE {KEYSPACE}.collections SET home.zip = '75003' WHERE id = 1")
             write(f"INSERT INTO {KEYSPACE}.rows (pk, ck, v, added) VALUES (500, 0, 'after alter', 8)")
             write.late(0, 5)
             write.types(100, 2)

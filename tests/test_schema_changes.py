@@ -16,7 +16,7 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 
 from cassandra_cdc.kafka.schema_catalog import SchemaCatalog
-from cassandra_cdc.kafka.schema_records import SchemaRecord, table_ddl
+from cassandra_cdc.kafka.schema_records import SchemaRecord
 from cassandra_cdc.pipeline.event_sink import SinkSettings
 from cassandra_cdc.pipeline.pipeline_config import PipelineConfig, load_config
 from cassandra_cdc.pipeline.schema_changes import SchemaChangeEncoder, SchemaChangePublisher
@@ -188,7 +188,7 @@ def test_each_table_version_once_across_pipeline_restarts(real_kafka: Any, spark
         assert {name: described[name].value for name in ("cleanup.policy", "retention.ms")} == {
             "cleanup.policy": "delete", "retention.ms": "-1"}
         assert [v["payload"]["ddl"] for v in read_all(bootstrap, server)] == [
-            table_ddl(parse_schema(cql).table("app", "items")) for cql in (V1, V2, V3, V4)]
+            parse_schema(cql).table("app", "items").ddl() for cql in (V1, V2, V3, V4)]
     finally:
         publisher.close()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import hashlib
 import math
 import uuid
 from pathlib import Path
@@ -466,6 +467,20 @@ def test_alter_changes_version_hash() -> None:
     before = schema.table("ks", "t").version_hash()
     parse_schema("ALTER TABLE ks.t ADD w int;", schema)
     assert schema.table("ks", "t").version_hash() != before
+
+
+def test_a_changed_user_type_changes_the_version_of_the_tables_using_it() -> None:
+    """ALTER TYPE ADD changes how a table's values decode: a new version, published before the records that
+    need it. A table without user types keeps the version earlier releases gave it (its CREATE TABLE's hash)."""
+    types = "CREATE TYPE ks.inner_type (a int); CREATE TYPE ks.outer_type (i frozen<inner_type>);"
+    table = "CREATE TABLE ks.t (k int PRIMARY KEY, v frozen<outer_type>);"
+    altered = types.replace("(a int)", "(a int, b text)")
+    before, after = (parse_schema(cql + table).table("ks", "t") for cql in (types, altered))
+    assert before.to_cql() == after.to_cql() and before.version_hash() != after.version_hash()
+    assert after.ddl().splitlines()[:2] == ["CREATE TYPE ks.inner_type (a int, b text);",
+                                           "CREATE TYPE ks.outer_type (i frozen<inner_type>);"]
+    plain = parse_schema("CREATE TABLE ks.p (k int PRIMARY KEY, v int);").table("ks", "p")
+    assert plain.version_hash() == hashlib.sha256(plain.to_cql().encode()).hexdigest()[:16]
 
 
 def test_drop_compact_storage_exposes_hidden_columns() -> None:

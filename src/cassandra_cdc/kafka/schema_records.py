@@ -20,8 +20,7 @@ import json
 import time
 from dataclasses import dataclass
 
-from ..schema import CqlType, TableMetadata, parse_schema
-from ..schema.types import quote
+from ..schema import TableMetadata, parse_schema
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class SchemaRecord:
 
     @staticmethod
     def of(table: TableMetadata, node: str, dropped: bool = False) -> "SchemaRecord":
-        return SchemaRecord(table.keyspace, table.name, str(table.id), table.version_hash(), table_ddl(table), node,
+        return SchemaRecord(table.keyspace, table.name, str(table.id), table.version_hash(), table.ddl(), node,
                             int(time.time() * 1000), dropped)
 
     @property
@@ -67,22 +66,3 @@ class SchemaRecord:
         if table is None:
             raise ValueError(f"schema record {self.keyspace}.{self.table} does not define that table")
         return table
-
-
-def table_ddl(table: TableMetadata) -> str:
-    """The table's CREATE TABLE, preceded by CREATE TYPE for every user type it uses (dependencies first)."""
-    statements: list[str] = []
-    seen: set[tuple[str | None, str | None]] = set()
-
-    def visit(cql_type: CqlType) -> None:
-        for parameter in cql_type.parameters:
-            visit(parameter)
-        if cql_type.kind == "udt" and (cql_type.udt_keyspace, cql_type.udt_name) not in seen:
-            seen.add((cql_type.udt_keyspace, cql_type.udt_name))
-            fields = ", ".join(f"{quote(n)} {t.cql}" for n, t in zip(cql_type.field_names, cql_type.parameters))
-            statements.append(f"CREATE TYPE {quote(cql_type.udt_keyspace or table.keyspace)}."
-                              f"{quote(cql_type.udt_name or '')} ({fields});")
-
-    for column in table.columns + table.dropped:
-        visit(column.type)
-    return "\n".join(statements + [table.to_cql()])

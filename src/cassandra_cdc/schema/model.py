@@ -222,9 +222,23 @@ class TableMetadata:
             options.append("cdc = true")
         return options + [f"{k} = {v}" for k, v in sorted(self.options.items())]
 
+    def ddl(self) -> str:
+        """The table's CREATE TABLE (:meth:`to_cql`), preceded by CREATE TYPE for every user type it uses
+        (dependencies first): all a reader needs to decode its updates."""
+        statements: list[str] = []
+        seen: set[tuple[str | None, str | None]] = set()
+        for udt in (udt for column in self.columns + self.dropped for udt in column.type.user_types()):
+            if (udt.udt_keyspace, udt.udt_name) not in seen:
+                seen.add((udt.udt_keyspace, udt.udt_name))
+                fields = ", ".join(f"{quote(n)} {t.cql}" for n, t in zip(udt.field_names, udt.parameters))
+                statements.append(f"CREATE TYPE {quote(udt.udt_keyspace or self.keyspace)}."
+                                  f"{quote(udt.udt_name or '')} ({fields});")
+        return "\n".join(statements + [self.to_cql()])
+
     def version_hash(self) -> str:
-        """A stable hash of the definition: changes whenever the table's schema does."""
-        return hashlib.sha256(self.to_cql().encode()).hexdigest()[:16]
+        """A stable hash of the definition, the user types it uses included: changes whenever the table's
+        schema does (an ALTER TYPE of a type it uses too)."""
+        return hashlib.sha256(self.ddl().encode()).hexdigest()[:16]
 
 
 def compact_table_columns(clustering: tuple[ColumnMetadata, ...], regular: list[ColumnMetadata], *,

@@ -17,7 +17,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from cassandra import cqltypes, util
 
@@ -158,6 +158,13 @@ class CqlType:
     @property
     def _implicitly_frozen(self) -> bool:
         return self.kind == "tuple"
+
+    def user_types(self) -> Iterator["CqlType"]:
+        """The user types this type uses, each one after those its fields use (repeats included)."""
+        for parameter in self.parameters:
+            yield from parameter.user_types()
+        if self.kind == "udt":
+            yield self
 
     def _identity(self) -> tuple:
         # Structural, so that two UDTs of the same name but different fields differ.
