@@ -620,6 +620,44 @@ def test_a_definition_older_than_the_one_held_does_not_replace_it(real_kafka, ca
             catalog.close()
 
 
+def test_a_definition_written_before_the_one_held_does_not_replace_it(real_kafka, caplog):
+    """An agent that starts while its node has not applied an ALTER TYPE ADD publishes the table as it was
+    before: it lacks no column, yet its records need the newer type's field. Which definition is older is
+    when each was written to its node's ``system_schema``, as each agent read it: the catalog keeps the
+    newer, and takes a later one."""
+    topic = f"catalog-times-{uuid.uuid4().hex[:8]}"
+    table_id = "6c0e7a10-0000-4000-8000-0000000000e2"
+
+    def cql(fields: str, comment: str = "") -> str:
+        return (f"CREATE TYPE ks.addr ({fields}); CREATE TABLE ks.t (id int PRIMARY KEY, home frozen<addr>) "
+                f"WITH ID = {table_id} AND cdc = true AND comment = '{comment}';")
+
+    with Producer({"bootstrap.servers": real_kafka.bootstrap_servers, "acks": "all"}) as producer:
+        def publish(cql: str, node: str, defined_at: int) -> str:
+            table = parse_schema(cql).table("ks", "t")
+            table.defined_at = defined_at
+            record = SchemaRecord.of(table, node)
+            producer.produce(topic, record.encode(), record.key)
+            assert producer.flush(30) == 0
+            return record.version
+
+        publish(cql("street text"), "node1", defined_at=1_000)
+        newer = publish(cql("street text, city text"), "node1", defined_at=2_000)
+        publish(cql("street text"), "node3", defined_at=1_000)  # node3's agent starts, its node behind
+        catalog = SchemaCatalog(real_kafka.bootstrap_servers, (topic,))
+        try:
+            with caplog.at_level("WARNING", logger="cassandra_cdc"):
+                assert catalog.refresh() is True
+            table, version = catalog.table(uuid.UUID(table_id))
+            assert version == newer and table.columns[1].type.field_names == ("street", "city")
+            assert [r.getMessage() for r in caplog.records if "node3" in r.getMessage()
+                    and "it was defined at 1970-01-01T00:00:00.001000+00:00" in r.getMessage()] != []
+            later = publish(cql("street text, city text", comment="later"), "node2", defined_at=3_000)
+            assert catalog.refresh() is True and catalog.table(uuid.UUID(table_id))[1] == later
+        finally:
+            catalog.close()
+
+
 def test_the_catalog_reads_the_schemas_an_earlier_version_published_on_the_server_topic(real_kafka, caplog):
     """Versions before published the table schemas on ``<server>``: after an upgrade the catalog reads them
     there first, then ``<server>.table-schemas``, whose definitions replace them; records on ``<server>`` that

@@ -9,6 +9,7 @@ node's schema at one moment.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -111,3 +112,31 @@ def test_the_agents_reader_says_whether_the_node_beside_it_answered(real_cassand
 
     assert any(node_beside_answered([node.address]) for _ in range(3))
     assert not node_beside_answered(["127.0.0.9", node.address])
+
+
+def test_each_change_of_a_table_or_of_a_type_it_uses_defines_it_later(real_cassandra: Any) -> None:
+    """What orders two definitions of a table that differ only in options or in a type's fields (no column
+    lost): the later of its tables row's and its types rows' write times, which the schema change renews. A
+    change of another table leaves it as it is."""
+    keyspace = f"{KEYSPACE}_times"
+    with real_cassandra.driver() as driver:
+        session = driver.connect()
+
+        def defined_at_after(ddl: str) -> int:
+            session.execute(ddl)
+            assert driver.control_connection.wait_for_schema_agreement(wait_time=60)
+            defined_at = fetch_schema(session).table(keyspace, "t").defined_at
+            assert defined_at is not None
+            return defined_at
+
+        session.execute(f"CREATE KEYSPACE {keyspace} WITH replication = "
+                        "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}")
+        session.execute(f"CREATE TYPE {keyspace}.inner_type (a int)")
+        session.execute(f"CREATE TYPE {keyspace}.outer_type (i frozen<inner_type>)")
+        session.execute(f"CREATE TABLE {keyspace}.other (id int PRIMARY KEY)")
+        created = defined_at_after(f"CREATE TABLE {keyspace}.t (id int PRIMARY KEY, v frozen<outer_type>)")
+        assert abs(created / 1e6 - time.time()) < 600
+        commented = defined_at_after(f"ALTER TABLE {keyspace}.t WITH comment = 'later'")
+        assert commented > created
+        assert defined_at_after(f"ALTER TABLE {keyspace}.other ADD x int") == commented
+        assert defined_at_after(f"ALTER TYPE {keyspace}.inner_type ADD b text") > commented

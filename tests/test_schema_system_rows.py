@@ -213,6 +213,25 @@ def test_dropped_columns_times_kinds_and_types() -> None:
     assert orders.column(b"status").type.cql == "text" and orders.column(b"region").dropped_time is not None
 
 
+def test_a_table_is_defined_when_its_row_or_a_type_it_uses_was_last_written() -> None:
+    """orders uses contact, whose field uses phone; the users table uses no type; "label" is used by none."""
+    def defined_at(phone: int, table: int) -> tuple[int | None, int | None]:
+        written = {"contact": 1_000, "phone": phone, "label": 9_000}
+        types = [*({**row, "written": written[row["type_name"]]} for row in TYPES),
+                 {"keyspace_name": "shop", "type_name": "label", "field_names": ["text"], "field_types": ["text"],
+                  "written": written["label"]}]
+        table_write_times = [{"keyspace_name": row["keyspace_name"], "table_name": row["table_name"],
+                              "written": table} for row in TABLES]
+        schema = build(types=types, table_write_times=table_write_times)
+        return schema.table("shop", "orders").defined_at, schema.table("legacy", "users").defined_at
+
+    assert defined_at(phone=2_000, table=3_000) == (3_000, 3_000)
+    assert defined_at(phone=4_000, table=3_000) == (4_000, 3_000)  # a field's type changed after the table
+    assert build().table("shop", "orders").defined_at is None  # no write times read
+    assert build().table("shop", "orders") == build(table_write_times=[
+        {"keyspace_name": "shop", "table_name": "orders", "written": 5}]).table("shop", "orders")
+
+
 def test_rows_give_the_table_describe_prints() -> None:
     described = parse_schema(DESCRIBED)
     built = build()

@@ -2,9 +2,13 @@
 
 The catalog reads one or more topics, in order (by default the schema topic of versions before it,
 ``<server>``, then ``<server>.table-schemas``, ``topic_names.schema_topics``): a later definition of a
-table replaces an earlier one, unless it lacks a column the held one has (or has dropped) without recording
-it dropped: then it is older, published late by an agent whose node had not applied a change yet, and is
-ignored (logged). A table's drop record keeps the definition held (records of the table published before
+table replaces an earlier one, unless it is older: published late by an agent whose node had not applied a
+change yet. Such a definition is ignored (logged). It is older when it was written to ``system_schema``
+before the one held (``defined_at``, which Cassandra's own schema changes are ordered by), or, whatever
+the times say or when one is unknown (a schema file's), when it lacks a column the held one has (or has
+dropped) without recording it dropped.
+
+A table's drop record keeps the definition held (records of the table published before
 the drop still decode with it, until a table of its name is created again). Records that are not schema
 records are skipped.
 
@@ -20,6 +24,7 @@ then a watermark request, not a new consumer reading the whole topic (about a se
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import uuid
@@ -111,19 +116,34 @@ class SchemaCatalog:
             if self._on_record is not None:
                 self._on_record(record, held)
             return
-        lost = [] if held is None else lost_columns(table, held)
-        if lost:
+        older = None if held is None else why_older(table, held)
+        if older:
             if (table.id, record.version) not in self._ignored:
                 self._ignored.add((table.id, record.version))
-                log.warning("ignoring version %s of %s from %s: it lacks %s of the version held (%s), neither as "
-                            "columns nor as dropped ones: a definition older than the one held, published late "
-                            "(or a schema file that does not record its drops)", record.version,
-                            table.qualified_name, record.node, ", ".join(lost), self._versions[table.id])
+                log.warning("ignoring version %s of %s from %s: %s: a definition older than the one held "
+                            "(%s), published late", record.version, table.qualified_name, record.node, older,
+                            self._versions[table.id])
             return
         self.schema.add_table(table)
         self._versions[table.id] = record.version
         if self._on_record is not None:
             self._on_record(record, table)
+
+
+def why_older(candidate: TableMetadata, held: TableMetadata) -> str | None:
+    """Why ``candidate``, a definition of ``held``'s table, is older than ``held``; None if it is not."""
+    defined_at, held_defined_at = candidate.defined_at, held.defined_at
+    if defined_at is not None and held_defined_at is not None and defined_at < held_defined_at:
+        return f"it was defined at {_as_time(defined_at)}, the version held at {_as_time(held_defined_at)}"
+    lost = lost_columns(candidate, held)
+    if lost:
+        return (f"it lacks {', '.join(lost)} of the version held, neither as columns nor as dropped ones "
+                "(or is from a schema file that does not record its drops)")
+    return None
+
+
+def _as_time(microseconds: int) -> str:
+    return datetime.datetime.fromtimestamp(microseconds / 1e6, datetime.timezone.utc).isoformat()
 
 
 def lost_columns(candidate: TableMetadata, held: TableMetadata) -> list[str]:

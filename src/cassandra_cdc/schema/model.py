@@ -87,6 +87,10 @@ class TableMetadata:
     cdc: bool = False
     compact_storage: bool = False
     options: dict[str, str] = field(default_factory=dict)  # other WITH options, as CQL text
+    # When the definition was written, in microseconds: the latest write time of the system_schema rows that
+    # define it (its tables row and the user types it uses), which every schema change of the table renews.
+    # Orders two definitions as Cassandra does; None when not read from a cluster (a CQL file).
+    defined_at: int | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # Cassandra keeps regular and static columns in this order (that of a partition update's column

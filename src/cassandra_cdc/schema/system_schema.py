@@ -44,12 +44,21 @@ CHANGING_SCHEMA_PAUSE_SECONDS = 0.1
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 
-_TABLES = ("keyspaces", "tables", "columns", "dropped_columns", "types", "views")
-
-# dropped_time as milliseconds: Cassandra 4.0+ records system.local's dropped thrift_version column at
-# Long.MAX_VALUE microseconds, a timestamp the driver cannot turn into a datetime (it fails the whole query).
-_SELECTS = {"dropped_columns": "keyspace_name, table_name, column_name, kind, type, "
-                               "blobAsBigint(timestampAsBlob(dropped_time)) AS dropped_time"}
+# The queries of a schema read, by the argument of schema_from_system_schema_rows their rows are.
+_QUERIES = {
+    **{name: f"SELECT * FROM system_schema.{name}" for name in ("keyspaces", "tables", "columns", "views")},
+    # dropped_time as milliseconds: Cassandra 4.0+ records system.local's dropped thrift_version column at
+    # Long.MAX_VALUE microseconds, a timestamp the driver cannot turn into a datetime (it fails the whole
+    # query).
+    "dropped_columns": "SELECT keyspace_name, table_name, column_name, kind, type, "
+                       "blobAsBigint(timestampAsBlob(dropped_time)) AS dropped_time "
+                       "FROM system_schema.dropped_columns",
+    # Every change of a table writes its whole tables row, and of a type its types row, at the change's time.
+    "types": "SELECT keyspace_name, type_name, field_names, field_types, writetime(field_names) AS written "
+             "FROM system_schema.types",
+    "table_write_times": "SELECT keyspace_name, table_name, writetime(id) AS written "
+                         "FROM system_schema.tables",
+}
 
 
 def fetch_schema(session: Any, node: str | None = None) -> Schema:
@@ -99,9 +108,8 @@ def _from_a_node(session: Any, node: str | None, read: Callable[[Any, Any], _Rea
 def _consistent_read(session: Any, host: Any) -> VersionedSchema:
     for _ in range(CONSISTENT_READ_ATTEMPTS):
         version = _schema_version(session, host)
-        rows = {name: [_as_dict(row) for row in session.execute(
-                    f"SELECT {_SELECTS.get(name, '*')} FROM system_schema.{name}", host=host)]
-                for name in _TABLES}
+        rows = {name: [_as_dict(row) for row in session.execute(query, host=host)]
+                for name, query in _QUERIES.items()}
         if _schema_version(session, host) == version:
             return VersionedSchema(version, schema_from_system_schema_rows(**rows), host.endpoint.address)
         time.sleep(CHANGING_SCHEMA_PAUSE_SECONDS)
@@ -116,12 +124,16 @@ def _schema_version(session: Any, host: Any) -> uuid.UUID:
 
 def schema_from_system_schema_rows(keyspaces: Iterable[Row], tables: Iterable[Row], columns: Iterable[Row],
                                    dropped_columns: Iterable[Row], types: Iterable[Row],
-                                   views: Iterable[Row] = ()) -> Schema:
+                                   views: Iterable[Row] = (),
+                                   table_write_times: Iterable[Row] = ()) -> Schema:
     """A schema from the rows of ``system_schema.{keyspaces,tables,columns,dropped_columns,types,views}``.
 
     ``dropped_columns.dropped_time`` is a ``timestamp`` (a datetime from the driver, or an integer of
-    milliseconds): Cassandra keeps drop times with millisecond precision there.
+    milliseconds): Cassandra keeps drop times with millisecond precision there. A table's ``defined_at``
+    is set when ``table_write_times`` has its row (``keyspace_name``, ``table_name``, ``written``: the
+    write time of its tables row), from that and the ``written`` of the ``types`` rows of the types it uses.
     """
+    types = list(types)
     schema = Schema()
     for row in keyspaces:
         schema.add_keyspace(KeyspaceMetadata(row["keyspace_name"], dict(row.get("replication") or {}),
@@ -129,13 +141,26 @@ def schema_from_system_schema_rows(keyspaces: Iterable[Row], tables: Iterable[Ro
     _add_user_types(schema, types)
     columns_of = _by_table(columns)
     dropped_of = _by_table(dropped_columns)
+    table_written = {(row["keyspace_name"], row["table_name"]): row["written"] for row in table_write_times}
+    type_written = {(row["keyspace_name"], row["type_name"]): row.get("written") for row in types}
     for row in tables:
         key = (row["keyspace_name"], row["table_name"])
-        schema.add_table(_table(schema, row, "tables", columns_of[key], dropped_of[key]))
+        table = _table(schema, row, "tables", columns_of[key], dropped_of[key])
+        if key in table_written:
+            table.defined_at = _defined_at(table, table_written[key], type_written)
+        schema.add_table(table)
     for row in views:
         key = (row["keyspace_name"], row["view_name"])
         schema.add_table(_table(schema, row, "views", columns_of[key], dropped_of[key]))
     return schema
+
+
+def _defined_at(table: TableMetadata, written: int,
+                type_written: Mapping[tuple[str, str], int | None]) -> int:
+    """The latest of the table's row's write time and those of the user types it uses."""
+    used = (type_written.get((udt.udt_keyspace or table.keyspace, udt.udt_name or ""))
+            for column in table.columns for udt in column.type.user_types())
+    return max([written, *(time for time in used if time is not None)])
 
 
 def _as_dict(row: Any) -> dict[str, Any]:
