@@ -13,6 +13,7 @@ import pytest
 
 import cassandra_cdc.agent.tables as tables_module
 from cassandra_cdc.agent import Agent
+from cassandra_cdc.agent.tables_seen import TABLES_FILE, TablesSeen
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput
 from cassandra_cdc.commitlog.mutation import Mutation
@@ -261,6 +262,26 @@ class NodeReads:
     def __call__(self) -> Schema:
         return self.schema
 
+    def read_by(self, agent: Agent) -> None:
+        """Make ``agent`` read its schema here (a ``prepare`` of ``running``)."""
+        agent.tables = tables_module.TableRegistry(agent.config, loader=self)
+
+
+def node_with_an_events_write(harness: MakeHarness) -> Harness:
+    h = harness(node_schema=parse_schema(SCHEMA_CQL + SYSTEM_CQL))
+    h.insert("ks.events", pk=1, ck=1, v="before the drop")
+    h.node.sync()
+    return h
+
+
+def assert_events_published_then_dropped(h: Harness) -> None:
+    """ks.events's schema was published, then its drop with the same definition, once."""
+    records = schema_versions(h, "ks.events")
+    last = SCHEMA.table("ks", "events")
+    assert [(r.dropped, r.node, r.version) for r in records] == [(False, "node1", last.version_hash()),
+                                                                (True, "node1", last.version_hash())]
+    assert records[1].table_metadata().to_cql() == last.to_cql()
+
 
 @pytest.mark.parametrize("source", ["cluster", "schema file"])
 def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHarness, source: str,
@@ -269,14 +290,8 @@ def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHa
     read at them lacks the table, and the agent publishes the table's last definition as dropped, once. A
     schema file that leaves a table out says nothing of a drop (an edit, maybe): no drop is published."""
     reads = NodeReads(parse_schema(SCHEMA_CQL + SYSTEM_CQL))
-
-    def from_cluster(agent: Agent) -> None:
-        agent.tables = tables_module.TableRegistry(agent.config, loader=reads)
-
-    h = harness(node_schema=parse_schema(SCHEMA_CQL + SYSTEM_CQL))
-    h.insert("ks.events", pk=1, ck=1, v="before the drop")
-    h.node.sync()
-    with caplog.at_level(logging.INFO), running(h.config(), from_cluster if source == "cluster" else None):
+    h = node_with_an_events_write(harness)
+    with caplog.at_level(logging.INFO), running(h.config(), reads.read_by if source == "cluster" else None):
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "the write before the DROP")
         if source == "cluster":
@@ -292,15 +307,49 @@ def test_a_table_the_cluster_dropped_has_its_drop_published_once(harness: MakeHa
         if source == "cluster":
             wait_until(lambda: [r for r in schema_versions(h, "ks.events") if r.dropped],
                        "the drop published")
-    records = schema_versions(h, "ks.events")
-    last = SCHEMA.table("ks", "events")
     if source == "cluster":
-        assert [(r.dropped, r.node, r.version) for r in records] == [(False, "node1", last.version_hash()),
-                                                                    (True, "node1", last.version_hash())]
-        assert records[1].table_metadata().to_cql() == last.to_cql()
+        assert_events_published_then_dropped(h)
     else:
-        assert [r.dropped for r in records] == [False]
+        assert [r.dropped for r in schema_versions(h, "ks.events")] == [False]
     assert not [r for r in schema_versions(h, "ks.users") if r.dropped]
+    raw.close()
+
+
+def test_a_table_dropped_while_the_agent_was_stopped_has_its_drop_published_at_its_start(
+        harness: MakeHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent keeps the tables its node had at its last read in its state directory: the first read of
+    that node after a start lacks a table dropped meanwhile, whose drop it publishes once, with the definition
+    it kept. A read another node answered (the node beside slow at the start) is made again until the node
+    beside answers. Without the file (an agent of an earlier version) there is nothing to go by: no drop."""
+    monkeypatch.setattr(tables_module, "RELOAD_INTERVAL_SECONDS", 0.5)
+    reads = NodeReads(parse_schema(SCHEMA_CQL + SYSTEM_CQL))
+    h = node_with_an_events_write(harness)
+    with running(h.config(), reads.read_by):
+        raw = h.raw_reader()
+        raw.wait_for(lambda: raw.has_all(h.expected), "the write before the DROP")
+    kept = h.config().state_dir / "tables.json"
+    saved = kept.read_text()
+    reads.schema = parse_schema(WITHOUT_EVENTS_CQL + SYSTEM_CQL)  # DROP TABLE ks.events, the agent stopped
+    kept.unlink()
+    with running(h.config(), reads.read_by):
+        h.insert("ks.users", id=1, name="after the drop")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "a write after the start")
+    assert [r.dropped for r in schema_versions(h, "ks.events")] == [False]
+    kept.write_text(saved)
+    reads.node_beside_answered = False
+    with running(h.config(), reads.read_by):
+        h.insert("ks.users", id=2, name="read while another node answers")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "a write after the start")
+        assert [r.dropped for r in schema_versions(h, "ks.events")] == [False]
+        reads.node_beside_answered = True
+        wait_until(lambda: [r for r in schema_versions(h, "ks.events") if r.dropped], "the drop published")
+    with running(h.config(), reads.read_by):
+        h.insert("ks.users", id=3, name="after another start")
+        h.node.sync()
+        raw.wait_for(lambda: raw.has_all(h.expected), "a write after another start")
+    assert_events_published_then_dropped(h)
     raw.close()
 
 
@@ -392,3 +441,22 @@ def test_a_table_another_node_lacks_is_no_drop(harness: MakeHarness) -> None:
         read_after_a_logged_change(4)
         wait_until(lambda: [r for r in schema_versions(h, "ks.events") if r.dropped], "the drop published")
     assert [r.dropped for r in schema_versions(h, "ks.events")] == [True]
+
+
+def test_the_tables_kept_for_drops_read_back_and_an_unreadable_file_is_only_logged(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The definitions kept in the state directory read back as they were (the file private to the agent's
+    user); an unreadable file costs only the drops made while the agent was stopped: logged, then replaced."""
+    tables = [table for table in parse_schema(SCHEMA_CQL) if table.cdc]
+    TablesSeen(tmp_path).save(tables)
+    path = tmp_path / TABLES_FILE
+    assert path.stat().st_mode & 0o777 == 0o600
+    read_back = TablesSeen(tmp_path).load()
+    assert read_back is not None and [t.ddl() for t in read_back] == [t.ddl() for t in tables]
+    path.write_text('{"version": 1, "tables": {')  # torn by hand: the agent writes it whole
+    seen = TablesSeen(tmp_path)
+    with caplog.at_level(logging.ERROR):
+        assert seen.load() is None
+    assert [r.getMessage() for r in caplog.records if str(path) in r.getMessage()] != []
+    seen.save(tables)
+    assert TablesSeen(tmp_path).load() is not None

@@ -4,7 +4,8 @@
 
 Agents down: one agent killed (kill -9), ``ALTER TABLE ... ADD`` and rows using the new column, which the
 two others publish; those two killed as well, ``ALTER TABLE ... DROP`` and more rows, ``CREATE TABLE ...
-WITH cdc = true`` and rows in it; the three started again read what they missed with the schema of now.
+WITH cdc = true`` and rows in it, ``DROP TABLE`` of another table; the three started again read what they
+missed with the schema of now, and each publishes the drop (the pipeline writes one ``DROP``).
 Pipeline down (kill -9, the agents running): ADD, rows, DROP, rows, another new table and rows; the
 pipeline started again from its checkpoint. After each, every table's events (read_committed), replayed,
 equal ``SELECT *`` at CONSISTENCY ALL. Then: each write has exactly one event, with the columns of the
@@ -20,20 +21,22 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from real_system import (System, consume_events, digests_by_node, raw_records, read_twice, replayed_tables,
-                         session_at_all, table_id, topic_exists, wait_for)
+from real_system import (System, consume_events, digests_by_node, drops_by_node, raw_records, read_twice,
+                         replayed_tables, session_at_all, table_id, topic_exists, wait_for)
 
 KEYSPACE = "ddl_while_down"
 SERVER = "ddlwhiledown"
 TABLE = "items"
 CREATED = {"agents": "created_while_agents_down", "pipeline": "created_while_pipeline_down"}
 CREATED_ROWS = 3
+DOOMED = "dropped_while_agents_down"
 # Seconds for the events of a phase, or for events matching the tables once the stopped part runs again.
 EVENTS_TIMEOUT = 180.0
 SCHEMA = [
     f"CREATE KEYSPACE {KEYSPACE} WITH replication = {{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}}",
     f"CREATE TABLE {KEYSPACE}.{TABLE} (id int PRIMARY KEY, v text, dropped_1 text, dropped_2 text) "
-    "WITH cdc = true"]
+    "WITH cdc = true",
+    f"CREATE TABLE {KEYSPACE}.{DOOMED} (id int PRIMARY KEY, v text) WITH cdc = true"]
 
 
 class Phase(NamedTuple):
@@ -128,8 +131,13 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             wait_for(lambda: topic_exists(bootstrap, f"{SERVER}.raw"), "the raw topic", 60, system.children)
             system.pipeline.start()
             write(session, BEFORE)
+            session.execute(f"INSERT INTO {KEYSPACE}.{DOOMED} (id, v) VALUES (1, 'before its drop')")
+            doomed = table_id(session, KEYSPACE, DOOMED)
             wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
             await_events(bootstrap, BEFORE, system.children)
+            wait_for(lambda: {node: len(digests) for node, digests in digests_by_node(
+                bootstrap, f"{SERVER}.raw", doomed).items()} == dict.fromkeys(nodes, 1),
+                     f"every agent to publish the row of {DOOMED}", 120, system.agents)
             timings["started"] = time.monotonic() - started
 
             first.kill()
@@ -139,7 +147,10 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
                 agent.kill()
             write(session, AGENTS_DOWN)
             create_and_write(session, CREATED["agents"])
+            change_schema(session, f"DROP TABLE {KEYSPACE}.{DOOMED}")
             system.start_agents()
+            wait_for(lambda: drops_by_node(bootstrap, SERVER, doomed) == dict.fromkeys(nodes, 1),
+                     f"every agent to publish the drop of {DOOMED}", 120, system.agents)
             agents_down = replayed_tables(bootstrap, session, KEYSPACE, SERVER, [TABLE, CREATED["agents"]],
                                           EVENTS_TIMEOUT, system.children)
             timings["agents down"] = time.monotonic() - started
@@ -162,11 +173,14 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
                                                 table_id(session, KEYSPACE, table))
                          for table in [TABLE, *CREATED.values()]}
             errors = raw_records(bootstrap, f"{SERVER}.errors", b"")  # every key starts with b""
+            doomed_changes = [change["type"] for value in consume_events(bootstrap, [SERVER])[SERVER]
+                              for change in value["tableChanges"]
+                              if change["id"] == f'"{KEYSPACE}"."{DOOMED}"']
         finally:
             system.stop()
     print("timings (s):", {k: round(v, 1) for k, v in timings.items()})
     return {"checks": {"agents": agents_down, "pipeline": pipeline_down}, "published": published,
-            "nodes": nodes, "errors": errors, "logs": system.logs()}
+            "nodes": nodes, "errors": errors, "doomed_changes": doomed_changes, "logs": system.logs()}
 
 
 @pytest.mark.parametrize("down", ["agents", "pipeline"])
@@ -202,3 +216,9 @@ def test_each_agent_published_every_write(outcome):
 
 def test_no_record_went_to_the_errors_topic(outcome):
     assert outcome["errors"] == []
+
+
+def test_a_table_dropped_while_the_agents_were_down_has_one_drop(outcome):
+    """Each agent found the drop at its start (the tables its node had are kept in its state directory) and
+    published it; the pipeline wrote one ``DROP`` after the table's ``CREATE``."""
+    assert outcome["doomed_changes"] == ["CREATE", "DROP"], outcome["logs"]

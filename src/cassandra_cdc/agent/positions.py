@@ -51,6 +51,19 @@ def write_private(path: Path, data: bytes) -> None:
         raise
 
 
+def replace_durably(path: Path, text: str) -> None:
+    """Replace ``path``'s content with ``text`` (a private file): write a temporary file, fsync it, rename it
+    over ``path``, fsync the directory. Raises OSError."""
+    temp = path.with_suffix(".tmp")
+    write_private(temp, text.encode())
+    os.replace(temp, path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 class PositionStore:
     def __init__(self, state_dir: Path) -> None:
         self.path = state_dir / STATE_FILE
@@ -113,15 +126,8 @@ class PositionStore:
         text = self._serialize()
         if text == self._saved:
             return False
-        temp = self.path.with_suffix(".tmp")
         try:
-            write_private(temp, text.encode())
-            os.replace(temp, self.path)
-            directory = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
+            replace_durably(self.path, text)
         except OSError as error:
             raise StateError(f"{self.path}: cannot save the agent's positions ({error.strerror or error}): "
                              f"free space in (or fix the permissions of) {self.path.parent}") from None

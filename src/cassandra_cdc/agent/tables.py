@@ -15,9 +15,10 @@ skipped at once.
 A published table that a read of the node beside the agent's schema no longer has was dropped: a read may
 lag behind the node's schema changes, never run ahead of them, and a table is only ever gone by a ``DROP``.
 Only that node's reads count: another node's, read while it is down, may not have a table created moments
-before yet. The registry keeps a dropped table in ``dropped`` until the agent has published the drop. A
-schema file that leaves a table out does not say that it was dropped (it may be an edit): with a file, no
-drop is published.
+before yet. The registry keeps a dropped table in ``dropped`` until the agent has published the drop
+(``drop_published``). The tables of the last such read are kept in the state directory (``TablesSeen``), so
+that the first read after a start finds the tables dropped while the agent was stopped. A schema file that
+leaves a table out does not say that it was dropped (it may be an edit): with a file, no drop is published.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Callable, Iterator
 from ..schema import Schema, SchemaError, TableMetadata, load_schema_files
 from ..schema.system_schema import VersionedSchema, fetch_versioned_schema, schema_version
 from .agent_config import AgentConfig, CassandraSchemaSource, ConfigError
+from .tables_seen import TablesSeen
 
 log = logging.getLogger(__name__)
 driver_log = logging.getLogger("cassandra_cdc.cassandra_driver")
@@ -60,9 +62,13 @@ class TableRegistry:
         self._config = config
         self._load = loader or _schema_loader(config)
         # Published tables the cluster's schema has lost, by id, until the agent has published their drop; the
-        # schema read last from the node beside the agent.
+        # published tables of the schema read last from the node beside the agent (at a start: as saved).
         self.dropped: dict[uuid.UUID, TableMetadata] = {}
-        self._beside: Schema | None = None
+        self._seen = TablesSeen(config.state_dir)
+        self._beside: list[TableMetadata] | None = self._seen.load()
+        self._beside_schema: Schema | None = None  # the schema those are of, once read
+        # While the schema read last is another node's: when to read it again (monotonic).
+        self._beside_read_due: float | None = None
         self._loaded_at = 0.0
         self._changed: tuple[tuple[int, int] | None, float] | None = None  # (new stamp, first seen at)
         self._unknown_logged: set[uuid.UUID] = set()
@@ -99,22 +105,50 @@ class TableRegistry:
         self._stamp = self._file_stamp()
         schema = self._load()
         self._loaded_at = time.monotonic()
+        self._note_drops(schema)
         if schema is self.schema:
             return  # the schema read last, unchanged since
-        self._note_drops(schema)
         self.schema = schema
         self._routes.clear()  # tables may have changed
         names = sorted(t.qualified_name for t in self.schema if self.is_published(t))
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
 
     def _note_drops(self, schema: Schema) -> None:
-        if not getattr(self._load, "node_beside_answered", False):  # a schema file's, or another node's
+        beside_answered = getattr(self._load, "node_beside_answered", None)
+        if beside_answered is None:  # a schema file
             return
-        previous, self._beside = self._beside, schema
+        if not beside_answered:
+            if self._beside_read_due is None:
+                log.info("the schema was read from another node than the one beside the agent (down, or "
+                         "slow to answer): it is read again every %.0f s until that node answers, whose "
+                         "reads alone show the tables dropped", RELOAD_INTERVAL_SECONDS)
+            self._beside_read_due = time.monotonic() + RELOAD_INTERVAL_SECONDS
+            return
+        self._beside_read_due = None
+        if schema is self._beside_schema:
+            return
+        self._beside_schema = schema
+        previous, self._beside = self._beside, [table for table in schema if self.is_published(table)]
         for table in previous or ():
             if self.is_published(table) and schema.table_by_id(table.id) is None:
                 self.dropped[table.id] = table
                 log.info("%s (id %s) was dropped: publishing its drop", table.qualified_name, table.id)
+        self._save_seen()
+
+    def read_node_beside_when_due(self) -> None:
+        """While the schema read last is not the node beside's, read it again every
+        ``RELOAD_INTERVAL_SECONDS``, until that node answers: only its reads find the tables dropped meanwhile
+        (at a start, those dropped while the agent was stopped)."""
+        if self._beside_read_due is not None and time.monotonic() >= self._beside_read_due:
+            self._reload_or_keep()
+
+    def drop_published(self, table_id: uuid.UUID) -> None:
+        """The agent published the drop of this table of ``dropped``: forget it."""
+        del self.dropped[table_id]
+        self._save_seen()
+
+    def _save_seen(self) -> None:
+        self._seen.save([*(self._beside or ()), *self.dropped.values()])
 
     def close(self) -> None:
         """Close the connection the schema is read on, if any."""
@@ -323,6 +357,13 @@ class ClusterSchemaReader:
         self._cluster: Any = None
         self._session: Any = None
         self._last: VersionedSchema | None = None
+        self._read_at = 0.0  # when the schema was last read whole (monotonic)
+
+    def _ask_node_beside_again(self) -> bool:
+        """Whether to read the whole schema again although its version is the one read last: that read was
+        another node's, at least ``RELOAD_INTERVAL_SECONDS`` ago (a read that says which node answered)."""
+        return (self._last is not None and self._last.node != self._node
+                and time.monotonic() - self._read_at >= RELOAD_INTERVAL_SECONDS)
 
     @property
     def node_beside_answered(self) -> bool:
@@ -338,10 +379,15 @@ class ClusterSchemaReader:
                 if self._session is None:
                     self._cluster = cql_cluster(self._settings)
                     self._session = self._cluster.connect()
-                if self._last is None or schema_version(self._session, self._node) != self._last.version:
+                if (self._last is None or self._ask_node_beside_again()
+                        or schema_version(self._session, self._node) != self._last.version):
                     # The node beside the agent has applied every schema change its commit log holds (but for
                     # one it logged and is applying now: see TableRegistry.schema_changed).
-                    self._last = fetch_versioned_schema(self._session, self._node)
+                    read = fetch_versioned_schema(self._session, self._node)
+                    self._read_at = time.monotonic()
+                    if self._last is not None and read.version == self._last.version:  # the same schema
+                        read = read._replace(schema=self._last.schema)
+                    self._last = read
                 return self._last.schema
             except (NoHostAvailable, DriverException, OSError) as error:
                 self.close()

@@ -460,13 +460,15 @@ class Agent:
 
     def _publish_drops(self) -> None:
         """Publish the drops of the tables the schema lost (``TableRegistry.dropped``), each once. The read
-        that finds a drop may be one made after the node logged it (``may_lag``), which no record of the
-        dropped table follows to prompt: it is made here once it is due."""
+        that finds a drop may be one made after the node logged it (``may_lag``), or the first one the node
+        beside answers after reads of another node (at a start too), which no record of the dropped table
+        follows to prompt: it is made here once it is due."""
         self.tables.may_lag()
+        self.tables.read_node_beside_when_due()
         for table_id, table in list(self.tables.dropped.items()):
             if not self.schemas.publish_dropped(table):
                 return
-            del self.tables.dropped[table_id]
+            self.tables.drop_published(table_id)
 
     # --- truncations ------------------------------------------------------------------------------
 
