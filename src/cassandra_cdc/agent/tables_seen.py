@@ -28,7 +28,7 @@ class TablesSeen:
     def __init__(self, state_dir: Path) -> None:
         self._state_dir = state_dir
         self.path = state_dir / TABLES_FILE
-        self._saved: dict[uuid.UUID, str] = {}  # the versions of the tables in the file
+        self._saved: dict[str, str] = {}  # the file's tables: definition by id
 
     def load(self) -> list[TableMetadata] | None:
         """The tables saved last; None when there are none to go by (a first start, an agent of an earlier
@@ -39,21 +39,21 @@ class TablesSeen:
             data = json.loads(self.path.read_text())
             if data.get("version") != FILE_VERSION:
                 raise ValueError(f"version {data.get('version')} is not {FILE_VERSION}")
-            tables = [_table(uuid.UUID(table_id), ddl, self.path) for table_id, ddl in data["tables"].items()]
+            definitions = dict(data["tables"])
+            tables = [_table(uuid.UUID(table_id), ddl, self.path) for table_id, ddl in definitions.items()]
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             log.error("%s: unreadable (%s): a table dropped while the agent was stopped gets no drop; the file is "
                       "written again at the next schema read", self.path, error)
             return None
-        self._saved = {table.id: table.version_hash() for table in tables}
+        self._saved = definitions
         return tables
 
     def save(self, tables: list[TableMetadata]) -> None:
         """Keep these tables (written durably, if they differ from those kept)."""
-        versions = {table.id: table.version_hash() for table in tables}
-        if versions == self._saved:
+        definitions = {str(table.id): table.ddl() for table in tables}
+        if definitions == self._saved:
             return
-        text = json.dumps({"version": FILE_VERSION, "tables": {str(table.id): table.ddl() for table in tables}},
-                          indent=1)
+        text = json.dumps({"version": FILE_VERSION, "tables": definitions}, indent=1)
         try:
             private_directory(self._state_dir)
             replace_durably(self.path, text)
@@ -61,7 +61,7 @@ class TablesSeen:
             log.error("%s: cannot save the tables published (%s): a table dropped while the agent is stopped "
                       "would get no drop", self.path, error.strerror or error)
             return
-        self._saved = versions
+        self._saved = definitions
 
 
 def _table(table_id: uuid.UUID, ddl: str, path: Path) -> TableMetadata:

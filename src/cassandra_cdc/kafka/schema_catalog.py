@@ -8,9 +8,9 @@ before the one held (``defined_at``, which Cassandra's own schema changes are or
 the times say or when one is unknown (a schema file's), when it lacks a column the held one has (or has
 dropped) without recording it dropped.
 
-A table's drop record keeps the definition held (records of the table published before
-the drop still decode with it, until a table of its name is created again). Records that are not schema
-records are skipped.
+A table's drop record keeps the definition held (records of the table published before the drop still
+decode with it, until a table of its name is created again). Records that are not schema records are
+skipped.
 
 The pipeline never connects to Cassandra: a raw record names its table by id, and the schema topic
 maps ids to definitions. The catalog reads the (compacted, small) topic to its end once, then only
