@@ -7,6 +7,7 @@ import collections
 import contextlib
 import json
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple
@@ -16,12 +17,15 @@ from cassandra import ConsistencyLevel
 from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from cassandra_cdc.demo.cql_workload import key_columns, table_rows
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
 from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, is_truncation
 from cassandra_cdc.kafka.schema_records import SchemaRecord
+from cassandra_cdc.storage import PartitionUpdateSerializer
+from cassandra_cdc.storage.binary_io import DataInput
 
 
 @contextlib.contextmanager
@@ -89,6 +93,29 @@ def truncations_by_node(bootstrap_servers: str, topic: str,
     """How many truncation records of ``table`` each agent (node id) has in each partition of ``topic``."""
     return collections.Counter((TruncationRecord.decode(value).node_id, partition) for partition, value in
                                raw_records(bootstrap_servers, topic, table) if is_truncation(value))
+
+
+def inserted_ids(bootstrap_servers: str, topic: str, table: bytes, schema: Any,
+                 value: str) -> collections.Counter[int]:
+    """The ids of the rows of ``table (id int PRIMARY KEY, v text)`` (its id) that the raw records on
+    ``topic`` carry, decoded, with how often each is there; each row's ``v`` must be ``value``."""
+    ids: collections.Counter[int] = collections.Counter()
+    for _, record_value in raw_records(bootstrap_servers, topic, table):
+        assert not is_truncation(record_value)
+        record = RawRecord.decode(record_value)
+        update = PartitionUpdateSerializer.deserialize(DataInput(record.update), schema,
+                                                       record.commitlog_version)
+        assert [cell.value for row in update.rows for cell in row.cells] == [value.encode()]
+        ids[int.from_bytes(update.key, "big", signed=True)] += 1
+    return ids
+
+
+def agent_metrics(port: int) -> dict[str, float]:
+    """An agent's metrics, scraped from its endpoint on 127.0.0.1: sample name -> value (samples without
+    labels)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if not sample.labels}
 
 
 def raw_records(bootstrap_servers: str, topic: str, table: bytes) -> list[tuple[int, bytes]]:

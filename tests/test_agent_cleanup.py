@@ -70,18 +70,23 @@ def test_cleanup_command_runs_after_completion_and_is_retried(tmp_path: Path, ha
 
 
 def test_cdc_total_space_warning(harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
-    """The agent warns when cdc_raw nears cdc_total_space, and says when it is back under."""
+    """The agent warns when cdc_raw goes over space_warning_percent of cdc_total_space, and says when it is
+    back under."""
     caplog.set_level(logging.INFO, logger="cassandra_cdc")
     h = harness(segment_size=1024 * 1024)  # a plain segment takes its whole size at once
     h.write(50)
-    with running(h.config(cdc_total_space_mb=1, space_warning_percent=50)) as agent:
-        warning = wait_until(lambda: [r for r in caplog.records if "cdc_total_space" in r.getMessage()
-                                      and r.levelno == logging.WARNING], "the space warning")
-        assert "100% of cdc_total_space (1 MiB)" in warning[0].getMessage()
-        assert metric(agent, "cassandra_cdc_agent_cdc_raw_usage_ratio") == 1.0
+
+    def warnings() -> list[logging.LogRecord]:
+        return [r for r in caplog.records
+                if r.name == "cassandra_cdc.agent.space_watch" and r.levelno == logging.WARNING]
+    with running(h.config(cdc_total_space_mb=16, commitlog_segment_size_mb=1,
+                          space_warning_percent=5)) as agent:
+        warning = wait_until(warnings, "the space warning")
+        assert warning[0].getMessage().startswith("cdc_raw holds 1.0 MiB, 6% of cdc_total_space (16 MiB)")
+        assert metric(agent, "cassandra_cdc_agent_cdc_raw_usage_ratio") == 1 / 16
         h.node.close()
-        wait_until(lambda: any("back under 50%" in r.getMessage() for r in caplog.records), "the all-clear")
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING and "cdc_total_space" in r.getMessage()]) == 1
+        wait_until(lambda: any("back under 5%" in r.getMessage() for r in caplog.records), "the all-clear")
+    assert len(warnings()) == 1
 
 
 def test_agent_status(tmp_path: Path, harness: MakeHarness) -> None:

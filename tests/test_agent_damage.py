@@ -333,12 +333,13 @@ def test_newest_segment_whose_idx_holds_garbage_is_waited_for_and_said_once(
 def test_segment_deleted_while_being_read_is_reported_and_the_newer_ones_published(
         harness: MakeHarness, caplog: pytest.LogCaptureFixture) -> None:
     """The live segment the agent is tailing removed from cdc_raw (by hand, or a node discarding it): one
-    error line naming it and how far it was published; the agent goes on with the newer segments."""
+    error line naming it, how far it was published and the remedy, and a count; the agent goes on with the
+    newer segments."""
     h = harness(segment_size=64 * 1024)
     users = SCHEMA.table("ks", "users")
     removed = h.node.active_segment
     read = write_sections(h, 2)
-    with caplog.at_level(logging.ERROR), running(h.config()):
+    with caplog.at_level(logging.ERROR), running(h.config()) as agent:
         raw = h.raw_reader()
         raw.wait_for(lambda: raw.has_all(h.expected), "the live segment's synced changes")
         unread = write_sections(h, 1, synced=False)[0]  # the agent cannot have read them before the removal
@@ -354,7 +355,15 @@ def test_segment_deleted_while_being_read_is_reported_and_the_newer_ones_publish
         leftover = [f"{removed.path.stem}_cdc.idx"]
         wait_until(lambda: h.segment_files() == leftover, "the newer segment published and deleted")
         raw.poll(0.2)
+        assert metric(agent, "cassandra_cdc_agent_segments_lost_total") == 1
+        assert metric(agent, "cassandra_cdc_agent_segments_unseen_total") == 0
     assert_published_exactly(raw, h.expected)
     errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-    assert errors == [f"{removed.path.name} was removed from cdc_raw before it was completely published "
-                      f"(acknowledged up to {read[-1][-1]} of {read[-1][-1]})"], errors
+    assert len(errors) == 1, errors
+    published = read[-1][-1]
+    assert errors[0].startswith(
+        f"{removed.path.name} left cdc_raw before the agent had published it: Kafka has its changes up to "
+        f"position {published}, all the node had made durable when the agent last read its idx; the node "
+        "wrote more to it after that, and those changes never reached Kafka"), errors
+    assert "every table the agent publishes (ks.events, ks.users, other.logs)" in errors[0]
+    assert "cassandra-cdc bootstrap" in errors[0]

@@ -154,9 +154,32 @@ class AgentConfig(ServerTopics, _Section):
     cleanup: Cleanup = Field(default_factory=Cleanup)
     encryption: Encryption = Field(default_factory=Encryption)
     metrics: Metrics = Field(default_factory=Metrics)
-    cdc_total_space_mb: int = Field(4096, ge=1, description="The node's cdc_total_space, for the space warning.")
+    cdc_total_space_mb: int | None = Field(
+        None, ge=1, description="The node's cdc_total_space in MiB. Read from the node by CQL with "
+                                "schema.cassandra (a value given here that differs is reported); give it "
+                                "with schema.file.",
+        json_schema_extra={"default_text": "the node's; 4096 with schema.file"})
+    commitlog_segment_size_mb: int | None = Field(
+        None, ge=1, description="The node's commitlog_segment_size in MiB: read from the node, as "
+                                "cdc_total_space.",
+        json_schema_extra={"default_text": "the node's; 32 with schema.file"})
+    cdc_block_writes: bool | None = Field(
+        None, description="The node's cdc_block_writes (false: it deletes its oldest CDC segments when "
+                          "cdc_raw is full): read from the node, as cdc_total_space.",
+        json_schema_extra={"default_text": "the node's; true with schema.file"})
     space_warning_percent: int = Field(80, ge=1, le=100,
-                                       description="Warn when cdc_raw uses this much of cdc_total_space.")
+                                       description="Warn when cdc_raw uses this much of cdc_total_space "
+                                                   "(and, whatever this says, one segment before the node "
+                                                   "acts on a full cdc_raw).")
+    segment_loss: Literal["continue", "stop"] = Field(
+        "continue", description="When segments left cdc_raw before the agent published them (the node "
+                                "deletes its oldest with cdc_block_writes: false): 'continue' reports and "
+                                "counts the loss and publishes on; 'stop' reports it and exits with status 1 "
+                                "until started with --accept-segment-loss. A stopped agent on a node that "
+                                "deletes segments loses more.")
+    accept_segment_loss: bool = Field(
+        False, description="Go on past the segment losses found at this start (logged and counted) although "
+                           "segment_loss is 'stop'.")
     poll_interval_ms: int = Field(1000, ge=10, description="Fallback polling when no file system event comes.")
     state_flush_ms: int = Field(200, ge=1, description="How often acknowledged positions are saved.")
     stale_segment_seconds: float = Field(

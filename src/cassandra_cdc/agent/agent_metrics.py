@@ -74,6 +74,23 @@ class AgentMetrics:
                                    registry=r)
         self.cdc_raw_usage = Gauge("cassandra_cdc_agent_cdc_raw_usage_ratio",
                                    "cdc_raw bytes / cdc_total_space", registry=r)
+        self.cdc_raw_headroom = Gauge(
+            "cassandra_cdc_agent_cdc_raw_headroom_bytes",
+            "Bytes cdc_raw can still grow by before the node rejects writes to CDC tables (or, with "
+            "cdc_block_writes: false, deletes its oldest segments): cdc_total_space minus one segment minus "
+            "cdc_raw's bytes", registry=r)
+        self.segments_lost = Counter(
+            "cassandra_cdc_agent_segments_lost",
+            "Segments holding CDC data that left cdc_raw before the agent had published them completely",
+            registry=r)
+        self.bytes_lost = Counter(
+            "cassandra_cdc_agent_bytes_lost",
+            "Bytes of those segments known to be unpublished (durable offset minus acknowledged position); "
+            "what was written after the agent last read a segment is not known", registry=r)
+        self.segments_unseen = Counter(
+            "cassandra_cdc_agent_segments_unseen",
+            "Segment ids the agent never saw in cdc_raw (removed before it looked): segments that held no "
+            "CDC data, or, with cdc_block_writes: false, segments the node deleted unpublished", registry=r)
         self.kafka_reachable = Gauge("cassandra_cdc_agent_kafka_reachable", "1 when Kafka accepts records",
                                      registry=r)
         self.kafka_reachable.set(1)

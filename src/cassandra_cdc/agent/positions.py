@@ -1,6 +1,7 @@
-"""The agent's durable position: per segment, the logical position up to which Kafka has everything; per
-partition of the raw topic, the highest offset Kafka acknowledged for the agent's own records; per table, the
-node's last truncation published.
+"""The agent's durable position: per segment, the logical position up to which Kafka has everything (and the
+durable offset the node's idx gave last); per partition of the raw topic, the highest offset Kafka
+acknowledged for the agent's own records; per table, the node's last truncation published; the newest segment
+id the agent has seen in cdc_raw, and when (``segment_loss.py``).
 
 Saved by write-temp + fsync + rename (+ fsync of the directory), so a crash at any moment leaves either
 the old or the new file, never a torn one. What the agent writes is its own: files 0600, directories 0700,
@@ -26,6 +27,16 @@ class SegmentPosition:
     completed: bool = False  # the whole segment has been read (and is acknowledged up to position)
     # Some bytes were neither published nor quarantined on their own: it is kept whole, never cleaned up.
     damaged: bool = False
+    # The offset its idx file said was durable when last read; None: no idx seen (no CDC data, as far
+    # as known).
+    durable: int | None = None
+
+
+@dataclass(frozen=True)
+class NewestSegment:
+    """The newest segment id the agent has seen in cdc_raw, and when it first saw it (ms since the epoch)."""
+    segment_id: int
+    seen_at_ms: int
 
 
 class StateError(RuntimeError):
@@ -74,6 +85,7 @@ class PositionStore:
         # Per table id: the time (ms) of the node's last truncation of it that is published (or was there
         # before the agent); None until the node's truncations are first read.
         self.truncations: dict[str, int] | None = None
+        self.newest_segment: NewestSegment | None = None
         self._saved: str | None = None
         if self.path.exists():
             self._load()
@@ -89,6 +101,9 @@ class PositionStore:
             truncations = data.get("truncations")
             self.truncations = (None if truncations is None
                                 else {str(table): int(ms) for table, ms in truncations.items()})
+            newest = data.get("newest_segment")
+            self.newest_segment = None if newest is None else NewestSegment(int(newest["id"]),
+                                                                            int(newest["seen_at_ms"]))
         except (ValueError, KeyError, TypeError, AttributeError) as error:
             raise ValueError(f"{self.path}: unreadable agent state ({error}); move it away to start over") from error
         self._saved = self._serialize()
@@ -97,8 +112,8 @@ class PositionStore:
         return self.segments.get(segment_id)
 
     def set(self, segment_id: int, file: str, position: int, completed: bool = False,
-            damaged: bool = False) -> None:
-        self.segments[segment_id] = SegmentPosition(file, position, completed, damaged)
+            damaged: bool = False, durable: int | None = None) -> None:
+        self.segments[segment_id] = SegmentPosition(file, position, completed, damaged, durable)
 
     def forget(self, segment_id: int) -> None:
         self.segments.pop(segment_id, None)
@@ -112,13 +127,17 @@ class PositionStore:
 
     def _serialize(self) -> str:
         state: dict[str, object] = {"version": STATE_VERSION,
-                                    "segments": {str(k): asdict(v) for k, v in sorted(self.segments.items())}}
+                                    "segments": {str(k): _position_fields(v)
+                                                 for k, v in sorted(self.segments.items())}}
         offsets = {topic: {str(p): o for p, o in sorted(by_partition.items())}
                    for topic, by_partition in sorted(self.acknowledged_offsets.items()) if by_partition}
         if offsets:
             state["acknowledged_offsets"] = offsets
         if self.truncations is not None:
             state["truncations"] = dict(sorted(self.truncations.items()))
+        if self.newest_segment is not None:
+            state["newest_segment"] = {"id": self.newest_segment.segment_id,
+                                       "seen_at_ms": self.newest_segment.seen_at_ms}
         return json.dumps(state, indent=1)
 
     def save(self) -> bool:
@@ -133,3 +152,11 @@ class PositionStore:
                              f"free space in (or fix the permissions of) {self.path.parent}") from None
         self._saved = text
         return True
+
+
+def _position_fields(position: SegmentPosition) -> dict[str, object]:
+    """A segment's saved fields, ``durable`` only when known: most segments a node links hold no CDC data."""
+    fields = asdict(position)
+    if position.durable is None:
+        del fields["durable"]
+    return fields

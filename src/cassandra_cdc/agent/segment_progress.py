@@ -12,6 +12,7 @@ from collections import defaultdict, deque
 from ..commitlog.segment_reader import DamageKind
 from .cdc_raw import CdcIndex, CdcSegment, read_cdc_index
 from .deliveries import Deliveries, Watermark
+from .segment_loss import LostSegment
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class SegmentProgress:
         self.reported: set[tuple[DamageKind, int]] = set()  # damage sent to the dead letters (kind, where)
         self.unreadable_since: float | None = None  # since when its idx has been read unreadable, in a row
         self.unreadable_logged = False
+        self.last_seen = time.monotonic()  # the agent's last look at cdc_raw that found it there
         self._deliveries = deliveries
         self._published = published
         self._checkpoints: deque[tuple[int, Watermark, dict[str, int]]] = deque()
@@ -66,6 +68,16 @@ class SegmentProgress:
     def done(self) -> bool:
         self._advance()
         return self.read_all and not self._checkpoints
+
+    @property
+    def holds_data(self) -> bool:
+        """Whether the segment holds CDC data: its idx file was seen (4.0+), or it is a 3.x segment (moved in
+        with data)."""
+        return self.index_offset is not None or self.segment.version == 6
+
+    def lost(self) -> LostSegment:
+        """What is lost of the segment, gone from cdc_raw now."""
+        return LostSegment(self.segment.path.name, self.acknowledged, self.index_offset, self.index_completed)
 
     def readable_extent(self, newer: list[CdcSegment],
                         stale_seconds: float) -> tuple[int | None, bool] | None:

@@ -1,35 +1,40 @@
-"""How full cdc_raw is: Cassandra rejects writes to CDC tables once it holds cdc_total_space."""
+"""How full cdc_raw is, against the point where the node acts on it (``NodeSettings.action_point``): it then
+rejects writes to CDC tables, or deletes its oldest segments (``cdc_block_writes: false``)."""
 
 from __future__ import annotations
 
 import logging
 
-from .agent_config import AgentConfig
 from .agent_metrics import AgentMetrics
-from .cdc_raw import cdc_raw_bytes
+from .node_settings import MIB, NodeSettings
 
 log = logging.getLogger(__name__)
 
 
 class SpaceWatch:
-    def __init__(self, config: AgentConfig, metrics: AgentMetrics) -> None:
-        self.config = config
+    def __init__(self, warning_percent: int, metrics: AgentMetrics) -> None:
+        self._warning_percent = warning_percent
         self._metrics = metrics
         self._warned = False
 
-    def check(self) -> None:
-        """Update the space metrics; warn once when cdc_raw goes over ``space_warning_percent``, and say when
-        it is back under."""
-        used = cdc_raw_bytes(self.config.cdc_raw)
-        total = self.config.cdc_total_space_mb * 1024 * 1024
+    def check(self, used: int, node: NodeSettings) -> None:
+        """Update the space metrics from ``used`` (the bytes of cdc_raw's segments); warn once when cdc_raw
+        goes over ``space_warning_percent`` of cdc_total_space or comes within one segment of the node's
+        action point, and say when it is back under."""
+        total = node.cdc_total_space
+        headroom = node.action_point - used
         self._metrics.cdc_raw_bytes.set(used)
         self._metrics.cdc_raw_usage.set(used / total)
-        over = used * 100 >= total * self.config.space_warning_percent
-        if over != self._warned:
-            self._warned = over
-            if over:
-                log.warning("cdc_raw holds %.0f MiB, %.0f%% of cdc_total_space (%d MiB): Cassandra rejects writes "
-                            "to CDC tables when it is full", used / 2**20, used * 100 / total,
-                            self.config.cdc_total_space_mb)
-            else:
-                log.info("cdc_raw back under %d%% of cdc_total_space", self.config.space_warning_percent)
+        self._metrics.cdc_raw_headroom.set(headroom)
+        over = used * 100 >= total * self._warning_percent or headroom <= node.commitlog_segment_size
+        if over == self._warned:
+            return
+        self._warned = over
+        if over:
+            log.warning("cdc_raw holds %.1f MiB, %.0f%% of cdc_total_space (%d MiB): the node %s once it "
+                        "holds %d MiB (cdc_total_space minus one %d MiB segment); publishing must catch up",
+                        used / MIB, used * 100 / total, total // MIB, node.describe_action(),
+                        node.action_point // MIB, node.commitlog_segment_size // MIB)
+        else:
+            log.info("cdc_raw back under %d%% of cdc_total_space, %.1f MiB before the node acts",
+                     self._warning_percent, headroom / MIB)

@@ -110,7 +110,7 @@ class TableRegistry:
             return  # the schema read last, unchanged since
         self.schema = schema
         self._routes.clear()  # tables may have changed
-        names = sorted(t.qualified_name for t in self.schema if self.is_published(t))
+        names = self.published_names()
         log.info("publishing %d CDC tables: %s", len(names), ", ".join(names) or "none")
 
     def _note_drops(self, schema: Schema) -> None:
@@ -258,6 +258,10 @@ class TableRegistry:
         except FileNotFoundError:
             return None
         return (stat.st_mtime_ns, stat.st_size) if stat else None
+
+    def published_names(self) -> list[str]:
+        """The names of the tables published, in order."""
+        return sorted(t.qualified_name for t in self.schema if self.is_published(t))
 
     def is_published(self, table: TableMetadata) -> bool:
         return table.cdc and self._config.tables.accepts(table.qualified_name)

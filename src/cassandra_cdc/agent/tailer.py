@@ -8,6 +8,10 @@ acknowledged; a segment is cleaned up once it is COMPLETED and fully acknowledge
 bytes were neither published nor quarantined on their own (a header or section it cannot read, framing it
 cannot follow) is never cleaned up: it is moved whole into the quarantine directory.
 
+Every segment the agent sees in ``cdc_raw`` is followed until it is published; one that leaves before that
+(the node deletes its oldest segments when ``cdc_block_writes`` is false) is reported and counted
+(``segment_loss.py``).
+
 A truncation of a published table (``truncations.py``) is sent to every partition of the raw topic between
 the node's mutations up to the commit log position it covers and the later ones: in every partition, the
 node's writes before it come before it, and those after it after it.
@@ -34,17 +38,20 @@ from ..commitlog.segment_reader import DamageKind, Entry
 from ..kafka.outage import unreachable
 from ..kafka.raw_records import TruncationRecord, encode_update
 from ..observability import serve_metrics
-from .cdc_raw import CdcSegment, ChangeNotifier, bytes_missing, list_segments
+from .cdc_raw import CdcSegment, ChangeNotifier, bytes_missing, cdc_raw_bytes, list_segments
 from .agent_config import AgentConfig, ConfigError
 from .deliveries import Deliveries
 from .agent_metrics import DEAD_LETTERS, AgentMetrics
 from .publisher import DeliveryFailed, Publisher
 from .lost_records import LostRecords, LostRecordsUnknown, describe_loss, lost_partitions
+from .node_settings import (NodeSettings, check_against_configuration, configured_settings,
+                            read_node_settings, warn_about)
 from .positions import PositionStore, StateError
 from .quarantine import WHOLE_SEGMENT_DAMAGE, Quarantine, damage_position
 from .schema_publisher import SchemaPublisher
 from .segment_cleanup import SegmentCleanup
 from .segment_keys import ensure_key, key_error, load_keystore
+from .segment_loss import UNWATCHED_SECONDS, LossWatch, SegmentsLost
 from .segment_progress import SegmentProgress
 from .space_watch import SpaceWatch
 from .tables import Route, TableRegistry
@@ -55,7 +62,11 @@ log = logging.getLogger(__name__)
 SHUTDOWN_FLUSH_SECONDS = 30.0
 # At startup, one attempt to reach Kafka (list and create topics) lasts this long; then it is tried again.
 STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
-SPACE_CHECK_SECONDS = 1.0
+# How often cdc_raw is looked at between passes (segments come and go, space used) while the agent
+# reads or waits.
+CENSUS_SECONDS = 1.0
+# While the node's settings could not be read (it did not answer), they are tried again this often.
+NODE_SETTINGS_RETRY_SECONDS = 30.0
 # While a segment is read, every this many entries (a few milliseconds): a checkpoint, the housekeeping (serving
 # Kafka's delivery reports, saving positions every ``state_flush_ms``) and the check for a stop. librdkafka frees
 # a delivered record only when its report is served: without it, the queue fills with records Kafka has already
@@ -82,7 +93,12 @@ class Agent:
         self.cleanup = SegmentCleanup(config.cleanup, self.quarantine)
         self.schemas = SchemaPublisher(self.publisher, config.schema_topic, config.node_id, self._stopping,
                                        self._while_blocked)
-        self.space = SpaceWatch(config, self.metrics)
+        self.node_settings: NodeSettings = configured_settings(config)
+        self._node_settings_read_at: float | None = None  # when the node answered (monotonic); None: not yet
+        self.space = SpaceWatch(config.space_warning_percent, self.metrics)
+        self.losses = LossWatch(self.positions, self.metrics, config.segment_loss == "stop",
+                                lambda: self.node_settings, self.tables.published_names)
+        self._loss: SegmentsLost | None = None  # segments lost while segment_loss is 'stop': the agent stops
         self.truncations = TruncationWatch(config, self.positions)
         self._progress: dict[int, SegmentProgress] = {}
         self._node_id = config.node_id.encode("utf-8")
@@ -90,7 +106,7 @@ class Agent:
         # Records sent since the segment being read took its last checkpoint, per table (DEAD_LETTERS: dead
         # letters).
         self._sent: defaultdict[str, int] = defaultdict(int)
-        self._last_flush = self._last_space_check = 0.0
+        self._last_flush = self._last_census = self._last_node_settings_try = 0.0
         self._kafka_reachable = True
         self._tailing = False  # the topics exist and cdc_raw is read: ready, while Kafka is reachable
 
@@ -136,6 +152,12 @@ class Agent:
         return None
 
     def _run(self) -> int:
+        self._read_node_settings()
+        try:
+            self._check_segments_at_start()
+        except SegmentsLost as error:
+            log.error("agent stopped: %s", error)
+            return 1
         try:
             if not self._ensure_topics():
                 return 0  # stopped while waiting for Kafka: nothing was read
@@ -159,6 +181,7 @@ class Agent:
         except (ConfigError, StateError, DeliveryFailed) as error:
             failure = error
         finally:
+            failure = failure or self._loss
             self._tailing = False
             self.notifier.stop()
             self.truncations.close()
@@ -258,7 +281,7 @@ class Agent:
         progressed = False
         self.tables.reload_if_changed()
         segments = list_segments(self.config.cdc_raw)
-        self._forget_vanished(segments)
+        self._census(segments)
         for index, segment in enumerate(segments):
             if self._stopping.is_set():
                 break
@@ -287,17 +310,51 @@ class Agent:
         self._housekeeping()
         return progressed
 
-    def _forget_vanished(self, segments: list[CdcSegment]) -> None:
-        """Drop the state of segments no longer in cdc_raw (4.0+ removes the links of segments that never held
-        CDC data), so that neither memory nor the state file grows with every segment the node writes."""
+    def _check_segments_at_start(self) -> None:
+        """What left cdc_raw while the agent was stopped: saved segments gone before they were published, ids
+        it never saw. Reported and counted; ``SegmentsLost`` when segment_loss is 'stop' and it is not
+        accepted."""
+        segments = list_segments(self.config.cdc_raw)
         listed = {segment.segment_id for segment in segments}
-        for segment_id in self._progress.keys() - listed:
+        findings = self.losses.look(segments)
+        self.losses.vanished_since_saved(listed, findings)
+        if findings:
+            self.losses.report(findings, at_start=True, accepted=self.config.accept_segment_loss)
+        self.losses.settle(findings, listed)
+
+    def _census(self, segments: list[CdcSegment]) -> None:
+        """Follow every segment in cdc_raw: whether it holds CDC data and how far it is durable (its idx), and
+        report those that left unpublished. The state of segments gone is dropped, so that neither memory nor
+        the state file grows with every segment the node writes."""
+        now = time.monotonic()
+        listed = {segment.segment_id for segment in segments}
+        findings = self.losses.look(segments)
+        for segment_id in sorted(self._progress.keys() - listed):
             progress = self._progress.pop(segment_id)
-            if progress.index_offset is not None and not progress.done:
-                log.error("%s was removed from cdc_raw before it was completely published (acknowledged up to "
-                          "%d of %d)", progress.segment.path.name, progress.acknowledged, progress.index_offset)
-        for segment_id in self.positions.segments.keys() - listed:
-            self.positions.forget(segment_id)
+            if progress.done:
+                continue
+            if progress.holds_data:
+                findings.lost.append(progress.lost())
+            elif now - progress.last_seen > UNWATCHED_SECONDS:
+                findings.add_unseen(progress.segment.path.name)  # it may have had data by the time it left
+        for segment in segments:
+            try:
+                progress = self._progress_of(segment)
+            except ConfigError:
+                continue  # its key is missing: reading it stops the agent
+            progress.last_seen = now
+            if not progress.read_all:
+                progress.note_durable()
+        if self._loss is not None:
+            return  # stopping: what is gone stays saved, for the next start to find
+        if findings:
+            try:
+                self.losses.report(findings, at_start=False, accepted=False)
+            except SegmentsLost as error:
+                self._loss = error
+                self.stop()
+                return
+        self.losses.settle(findings, listed)
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -557,15 +614,19 @@ class Agent:
         if now - self._last_flush >= self.config.state_flush_ms / 1000:
             self._last_flush = now
             self._save_positions()
-        if now - self._last_space_check >= SPACE_CHECK_SECONDS:
-            self._last_space_check = now
-            self.space.check()
+        if now - self._last_census >= CENSUS_SECONDS:
+            self._last_census = now
+            self._census(list_segments(self.config.cdc_raw))
+            self.space.check(cdc_raw_bytes(self.config.cdc_raw), self.node_settings)
+        if (self._node_settings_read_at is None and self.config.schema_.cassandra is not None
+                and now - self._last_node_settings_try >= NODE_SETTINGS_RETRY_SECONDS):
+            self._read_node_settings()
 
     def _save_positions(self) -> None:
         behind = 0
         for segment_id, progress in self._progress.items():
             self.positions.set(segment_id, progress.segment.path.name, progress.acknowledged, progress.done,
-                               progress.damaged)
+                               progress.damaged, progress.index_offset)
             if progress.index_offset is not None:
                 behind += max(0, progress.index_offset - progress.acknowledged)
         self.positions.acknowledge(self._raw_topic, self.deliveries.acknowledged_offsets(self._raw_topic))
@@ -573,16 +634,13 @@ class Agent:
         self.positions.save()
         self.metrics.behind_bytes.set(behind)
         self._set_lag()
-        self.metrics.segments_pending.set(sum(1 for p in self._progress.values() if not p.done))
+        self.metrics.segments_pending.set(sum(1 for p in self._progress.values()
+                                              if p.holds_data and not p.done))
 
     def _note_durable_writes(self) -> None:
         """While Kafka cannot be reached at startup nothing is read, but what is durable in cdc_raw keeps
         aging: note it, for the lag."""
-        for segment in list_segments(self.config.cdc_raw):
-            try:
-                self._progress_of(segment).note_durable()
-            except ConfigError:
-                continue  # its key is missing: reading it stops the agent, once Kafka is there to read for
+        self._census(list_segments(self.config.cdc_raw))
         self._set_lag()
 
     def _set_lag(self) -> None:
@@ -604,13 +662,42 @@ class Agent:
         it whole into the quarantine)."""
         segment = progress.segment
         self.positions.set(segment.segment_id, segment.path.name, progress.acknowledged, completed=True,
-                           damaged=progress.damaged)
+                           damaged=progress.damaged, durable=progress.index_offset)
         self.positions.save()
         if not self.cleanup.dispose(segment, progress.damaged):
             return
         self.positions.forget(segment.segment_id)
         self.positions.save()
-        del self._progress[segment.segment_id]
+        self._progress.pop(segment.segment_id, None)  # gone already if a look at cdc_raw found it gone
+
+    def _read_node_settings(self) -> None:
+        """The node's CDC settings, by CQL from the node beside the agent (with a schema file: the
+        configuration's). While the node does not answer, the configuration's stand in and it is asked
+        again."""
+        from cassandra import DriverException
+        from cassandra.cluster import NoHostAvailable
+
+        source = self.config.schema_.cassandra
+        if source is None:
+            warn_about(self.node_settings)
+            return
+        self._last_node_settings_try = time.monotonic()
+        try:
+            node = read_node_settings(source)
+        except ValueError as error:
+            log.warning("%s: the agent goes by its configuration's values (%s)", error,
+                        self.node_settings.source)
+            self._node_settings_read_at = time.monotonic()  # asking again would give the same answer
+            return
+        except (NoHostAvailable, DriverException, OSError) as error:
+            log.warning("cannot read the CDC settings of %s (%s): the agent goes by its configuration's (or "
+                        "Cassandra's defaults) and asks again every %.0f s", source.contact_points[0], error,
+                        NODE_SETTINGS_RETRY_SECONDS)
+            return
+        self._node_settings_read_at = time.monotonic()
+        check_against_configuration(node, self.config)
+        warn_about(node)
+        self.node_settings = node
 
     def _check_keys(self) -> None:
         """Every encrypted segment still to read must decrypt with the keys given: a ConfigError otherwise."""

@@ -36,6 +36,9 @@ def agent(
     accept_lost_records: Annotated[bool, typer.Option(
         help="Start even though the raw topic lost records Kafka had acknowledged (kafka.accept_lost_records).")
     ] = False,
+    accept_segment_loss: Annotated[bool, typer.Option(
+        help="Go on past segments that left cdc_raw before they were published, found at this start (logged "
+             "and counted), although segment_loss is 'stop' (accept_segment_loss).")] = False,
     log_level: LogLevelOption = LogLevel.INFO,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
@@ -49,7 +52,8 @@ def agent(
         return
     overrides = {"cdc_raw": cdc_raw, "schema.file": schema, "kafka.bootstrap_servers": bootstrap_servers,
                  "server": server, "node_id": node_id, "state_dir": state_dir, "metrics.port": metrics_port,
-                 "kafka.accept_lost_records": accept_lost_records or None}
+                 "kafka.accept_lost_records": accept_lost_records or None,
+                 "accept_segment_loss": accept_segment_loss or None}
     if after_completed is not None:
         mode, _, directory = after_completed.partition(":")
         overrides["cleanup.mode"] = mode

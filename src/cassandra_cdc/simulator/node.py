@@ -11,6 +11,10 @@ What a CDC consumer sees depends on the Cassandra version (docs/storage-format.m
 
 The simulation discards a segment as soon as it is closed, as if every memtable were flushed at once: so
 ``commitlog/`` only ever holds the active segment, and ``cdc_raw`` holds exactly what a consumer must read.
+
+With ``cdc_total_space`` and ``cdc_block_writes=False`` (4.1+), a new segment that takes ``cdc_raw`` over
+``cdc_total_space`` makes the node delete the oldest segments there (and their idx files), published or not,
+as Cassandra's ``CommitLogSegmentManagerCDC`` does; the segment being written is never deleted.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uuid
 from pathlib import Path
 
 from ..commitlog import Mutation, MutationSerializer, SegmentFull, SegmentWriter, cdc_index_file_name, write_cdc_index
+from ..commitlog.segment_descriptor import parse_segment_name, segment_file_name
 from ..commitlog.segment_writer import DEFAULT_SEGMENT_SIZE
 from ..schema import Schema
 
@@ -47,7 +52,8 @@ class SimulatedNode:
 
     def __init__(self, root: str | Path, node_id: str, schema: Schema, cassandra_version: str = "4.1", *,
                  segment_size: int = DEFAULT_SEGMENT_SIZE, compression: str | None = None,
-                 encryption: tuple[str, bytes] | None = None, first_segment_id: int | None = None) -> None:
+                 encryption: tuple[str, bytes] | None = None, first_segment_id: int | None = None,
+                 cdc_total_space: int | None = None, cdc_block_writes: bool = True) -> None:
         if cassandra_version not in COMMITLOG_VERSIONS:
             raise ValueError(f"unknown Cassandra version {cassandra_version!r}; "
                              f"one of {', '.join(COMMITLOG_VERSIONS)}")
@@ -59,6 +65,10 @@ class SimulatedNode:
         self.segment_size = segment_size
         self.compression = compression
         self.encryption = encryption
+        self.cdc_total_space = cdc_total_space
+        self.cdc_block_writes = cdc_block_writes
+        # segment files deleted from cdc_raw to free space, oldest first
+        self.deleted_for_space: list[str] = []
         # CounterId.getLocalId(): the shard this node owns in the counters it leads.
         self.counter_id = uuid.uuid5(_COUNTER_ID_NAMESPACE, node_id)
         self.commitlog_dir = self.root / "commitlog"
@@ -138,6 +148,8 @@ class SimulatedNode:
         self.segments_opened += 1
         if self.links_segments:
             os.link(segment.path, self.cdc_raw_dir / segment.path.name)
+            if self.cdc_total_space is not None and not self.cdc_block_writes:
+                self._delete_oldest_segments(keep=segment.path.name)
         self._segment = segment
         self._contains_cdc = False
         self._indexed_position = None
@@ -161,6 +173,18 @@ class SimulatedNode:
         else:
             segment.path.unlink()
         self._segment = None
+
+    def _delete_oldest_segments(self, keep: str) -> None:
+        """Delete the oldest segments in cdc_raw (with their idx files) until it fits in cdc_total_space."""
+        assert self.cdc_total_space is not None
+        linked = sorted(named[1] for named in map(parse_segment_name, os.listdir(self.cdc_raw_dir)) if named)
+        for segment_id in linked:
+            name = segment_file_name(self.version, segment_id)
+            if self.cdc_raw_bytes() <= self.cdc_total_space or name == keep:
+                return
+            (self.cdc_raw_dir / name).unlink()
+            (self.cdc_raw_dir / cdc_index_file_name(self.version, segment_id)).unlink(missing_ok=True)
+            self.deleted_for_space.append(name)
 
     def _write_index(self, segment: SegmentWriter, position: int, completed: bool) -> None:
         # Written here rather than by the SegmentWriter, which would write it at every sync even before
