@@ -14,6 +14,13 @@ the warm-up's own figures apart, and what the micro-batches cost (the query prog
 
     python benchmarks/pipeline_throughput.py [--records 1000000] [--keys 100000] [--latency-seconds 60]
 
+The backlog's table shape (``Shape``): one row per partition key (``bench.users``, the default), or, with
+``--rows-per-partition N`` > 1, a time series (``bench.series``: a clustering column) whose partitions grow by
+appended rows up to N each, ``--update-existing F`` of the writes updating a random existing row instead;
+``--zipf S`` picks each write's partition Zipf-distributed over the keys (hot partitions) rather than in turn;
+``--copies-apart SECONDS`` publishes each replica's copy of a write as late as a lag of up to that long would
+(at ``--copies-rate`` writes per second), so that the copies of a write reach different micro-batches.
+
 The broker is Apache Kafka as ``make install`` fetches it (``--broker embedded``: the stand-in noida-db, which
 answers fetches at once where Kafka holds them, so that waits a real broker imposes do not show). It shares
 the two cores: its CPU is reported apart, and the pipeline's by part (``cpu_s_by_part``: its JVM's threads by
@@ -25,15 +32,21 @@ Targets (from the issue): 20,000 raw records/s per core; p99 latency under 2 s.
 from __future__ import annotations
 
 import argparse
+import bisect
+import dataclasses
 import datetime
+import heapq
+import itertools
 import json
 import multiprocessing
 import os
+import random
 import statistics
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,12 +63,15 @@ from cassandra_cdc.pipeline.streaming_job import start  # noqa: E402
 from cassandra_cdc.pipeline.spark_session import spark_session  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402
 from cassandra_cdc.simulator import Cluster, EmbeddedBroker, Insert, Update, to_mutation  # noqa: E402
+from cassandra_cdc.simulator.operations import Operation  # noqa: E402
 from cassandra_cdc.localcluster import KafkaBroker  # noqa: E402
 from cassandra_cdc.kafka.raw_records import RawRecord, encode_update, record_key  # noqa: E402
 from cassandra_cdc.kafka.schema_records import SchemaRecord  # noqa: E402
 
 SCHEMA = """CREATE TABLE bench.users (id bigint PRIMARY KEY, name text, email text, age int, score double,
-    city text) WITH ID = 6c0e7a10-0000-4000-8000-0000000000b1 AND cdc = true;"""
+    city text) WITH ID = 6c0e7a10-0000-4000-8000-0000000000b1 AND cdc = true;
+CREATE TABLE bench.series (pk bigint, ts bigint, v text, PRIMARY KEY (pk, ts))
+    WITH ID = 6c0e7a10-0000-4000-8000-0000000000b2 AND cdc = true;"""
 CORES = os.cpu_count() or 2
 Broker = KafkaBroker | EmbeddedBroker
 BROKERS: dict[str, type[Broker]] = {"kafka": KafkaBroker, "embedded": EmbeddedBroker}
@@ -155,36 +171,94 @@ class CpuByPart:
         self._last[key] = (part, int(fields[11]) + int(fields[12]))  # utime, stime
 
 
-def publish_backlog(broker: Broker, server: str, records: int, keys: int,
+@dataclass(frozen=True)
+class Shape:
+    """The table shape of a backlog (see the module's docstring)."""
+    rows_per_partition: int = 1
+    update_existing: float = 0.0
+    zipf: float | None = None
+    copies_apart: float = 0.0  # seconds
+    copies_rate: float = 1_000.0  # writes per second, to turn copies_apart into writes
+
+    def describe(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Backlog:
+    """The writes of a backlog of ``Shape``, as operations, in order: ``keys`` partition keys."""
+
+    def __init__(self, shape: Shape, keys: int, timestamp: int, preloaded: bool, seed: int = 1) -> None:
+        self.shape = shape
+        self.keys = keys
+        self.timestamp = timestamp
+        self.preloaded = preloaded
+        self.random = random.Random(seed)
+        self.rows = [0] * keys  # rows written to each partition (series)
+        if shape.zipf is not None:
+            weights = [1 / rank ** shape.zipf for rank in range(1, keys + 1)]
+            self.cumulative = list(itertools.accumulate(weights))
+
+    def key(self, i: int) -> int:
+        if self.shape.zipf is not None:
+            return bisect.bisect_left(self.cumulative, self.random.random() * self.cumulative[-1])
+        return i * SPREAD % self.keys if self.preloaded else i % self.keys
+
+    def write(self, i: int) -> Operation:
+        key, timestamp = self.key(i), self.timestamp + i
+        if self.shape.rows_per_partition > 1:
+            rows = self.rows[key]
+            if rows and (rows >= self.shape.rows_per_partition
+                         or self.random.random() < self.shape.update_existing):
+                return Update("bench.series", {"pk": key, "ts": self.random.randrange(rows)}, {"v": f"v{i}"},
+                              timestamp=timestamp)
+            self.rows[key] += 1
+            return Insert("bench.series", {"pk": key, "ts": rows, "v": f"v{i}"}, timestamp=timestamp)
+        if i < self.keys and not self.preloaded and self.shape.zipf is None:
+            return Insert("bench.users", {"id": key, "name": f"user{key}", "email": f"u{key}@example.com", "age": 30,
+                                          "score": 1.5, "city": "Lyon"}, timestamp=timestamp)
+        return Update("bench.users", {"id": key}, {"score": float(i), "age": i % 90}, timestamp=timestamp)
+
+    def copy_delays(self) -> tuple[int, int, int]:
+        """How many writes later than its write each replica's copy is published."""
+        most = int(self.shape.copies_apart * self.shape.copies_rate)
+        return (0, 0, 0) if not most else tuple(self.random.randint(0, most) for _ in range(3))  # type: ignore
+
+
+def publish_backlog(broker: Broker, server: str, records: int, keys: int, shape: Shape,
                     preloaded: bool = False) -> int:
     """Publish about ``records`` raw records (a multiple of 3: whole writes, one copy per replica); return how
     many.
 
     The first write of each of ``keys`` keys is an insert, the others updates; with ``preloaded`` (the keys
-    are in the state already), every write is an update of a key spread over all of them."""
+    are in the state already), every write is an update of a key spread over all of them. A series appends
+    rows (see ``Backlog``)."""
     schema = parse_schema(SCHEMA)
     producer = raw_producer(broker.bootstrap_servers)
     timestamp = time.time_ns() // 1000 - 3_600_000_000 + (3_000_000_000 if preloaded else 0)
+    backlog = Backlog(shape, keys, timestamp, preloaded)
+    delayed: list[tuple[int, int, bytes, bytes]] = []  # (due write, sequence, key, value), a heap
+    sequence = itertools.count()
     for i in range(records // 3):
-        key = i * SPREAD % keys if preloaded else i % keys
-        if i < keys and not preloaded:
-            op = Insert("bench.users", {"id": key, "name": f"user{key}", "email": f"u{key}@example.com", "age": 30,
-                                        "score": 1.5, "city": "Lyon"}, timestamp=timestamp + i)
-        else:
-            op = Update("bench.users", {"id": key}, {"score": float(i), "age": i % 90}, timestamp=timestamp + i)
-        update = MutationSerializer.serialize(Mutation(to_mutation(op, schema).updates), 7)[1:]
-        for node in ("node1", "node2", "node3"):
-            value = RawRecord(node, 1, i, 7, timestamp + i, update).encode()
-            produce(producer, f"{server}.raw", record_key(update), value)
+        update = MutationSerializer.serialize(Mutation(to_mutation(backlog.write(i), schema).updates), 7)[1:]
+        for node, delay in zip(("node1", "node2", "node3"), backlog.copy_delays()):
+            heapq.heappush(delayed, (i + delay, next(sequence), record_key(update),
+                                     RawRecord(node, 1, i, 7, timestamp + i, update).encode()))
+        while delayed and delayed[0][0] <= i:
+            _, _, key, value = heapq.heappop(delayed)
+            produce(producer, f"{server}.raw", key, value)
+    while delayed:
+        _, _, key, value = heapq.heappop(delayed)
+        produce(producer, f"{server}.raw", key, value)
     producer.flush(600)
     return records // 3 * 3
 
 
 def create_raw_topic(broker: Broker, server: str) -> None:
     """The raw topic, and the table's definition on the schema topic, as the agents publish them."""
-    record = SchemaRecord.of(parse_schema(SCHEMA).table("bench", "users"), "bench")
     producer = raw_producer(broker.bootstrap_servers)
-    producer.produce(server, record.encode(), record.key)
+    for table in parse_schema(SCHEMA):
+        record = SchemaRecord.of(table, "bench")
+        producer.produce(server, record.encode(), record.key)
     producer.flush(60)
     broker.create_topic(f"{server}.raw", 12)
 
@@ -383,7 +457,7 @@ def descendants(root: int) -> list[int]:
 
 
 def throughput(broker: Broker, work: Path, records: int, keys: int, batch_records: int,
-               preload_keys: int) -> dict[str, Any]:
+               preload_keys: int, shape: Shape) -> dict[str, Any]:
     server = "bench"
     config = pipeline_config(None, {"server": server, "checkpoint": str(work / "checkpoint"),
                                     "kafka.bootstrap_servers": broker.bootstrap_servers,
@@ -396,7 +470,7 @@ def throughput(broker: Broker, work: Path, records: int, keys: int, batch_record
     create_raw_topic(broker, server)
     preloaded = preload(broker, spark, config, preload_keys) if preload_keys else None
     started = time.monotonic()
-    records = publish_backlog(broker, server, records, preload_keys or keys, preloaded=bool(preload_keys))
+    records = publish_backlog(broker, server, records, preload_keys or keys, shape, preloaded=bool(preload_keys))
     published = time.monotonic() - started
     cpu_start, broker_cpu_start = cpu_seconds()
     with WorkerMemory() as memory, CpuByPart() as cpu_by_part:
@@ -409,7 +483,7 @@ def throughput(broker: Broker, work: Path, records: int, keys: int, batch_record
     total = _batch_end(ordered[-1]) - query_start_epoch
     steady = _batch_end(ordered[-1]) - _batch_end(first)
     state = ordered[-1]["stateOperators"][0]
-    return {"records": records, "preload": preloaded, "publish_s": published, "session_s": session_s,
+    return {"records": records, "shape": shape.describe(), "preload": preloaded, "publish_s": published, "session_s": session_s,
             "query_s": total, "first_batch_s": first["batchDuration"] / 1000, "records_per_s": records / total,
             "per_core": records / total / CORES,
             "steady_per_core": (records - raw_records(first)) / steady / CORES if steady > 0 else 0.0,
@@ -586,6 +660,16 @@ def main() -> None:
                         help="partition keys put in the state first (one insert each, in batches of 1M "
                              "records); the backlog then updates them, and the latency run writes on that "
                              "state")
+    parser.add_argument("--rows-per-partition", type=int, default=1,
+                        help="> 1: a time series table, its partitions appended to up to this many rows each")
+    parser.add_argument("--update-existing", type=float, default=0.0,
+                        help="with --rows-per-partition: the fraction of writes updating a random existing row")
+    parser.add_argument("--zipf", type=float, default=None,
+                        help="pick each write's partition Zipf-distributed with this exponent (hot partitions)")
+    parser.add_argument("--copies-apart", type=float, default=0.0,
+                        help="publish each replica's copy up to this many seconds of writes late")
+    parser.add_argument("--copies-rate", type=float, default=1_000.0,
+                        help="writes per second, to turn --copies-apart into writes")
     parser.add_argument("--broker", choices=sorted(BROKERS), default="kafka",
                         help="Apache Kafka (as `make install` provides it) or the stand-in broker noida-db")
     parser.add_argument("--skip-throughput", action="store_true")
@@ -600,7 +684,8 @@ def main() -> None:
 
 def run(args: argparse.Namespace, broker: Broker, work: Path) -> None:
     if not args.skip_throughput:
-        figures = throughput(broker, work, args.records, args.keys, args.batch_records, args.preload_keys)
+        shape = Shape(args.rows_per_partition, args.update_existing, args.zipf, args.copies_apart, args.copies_rate)
+        figures = throughput(broker, work, args.records, args.keys, args.batch_records, args.preload_keys, shape)
         print("throughput:", json.dumps(figures, indent=1))
         print(f"target 20,000 raw records/s per core: {'met' if figures['per_core'] >= 20_000 else 'NOT met'}")
     if args.skip_latency:

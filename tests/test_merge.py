@@ -426,7 +426,7 @@ def test_state_pickles_small() -> None:
     # The pipeline's form: builtins only, smaller still.
     stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
     assert len(stored) < len(data)
-    assert PartitionState.from_stored(pickle.loads(stored)).__reduce__() == state.__reduce__()
+    assert PartitionState.from_stored(pickle.loads(stored), state.digests).__reduce__() == state.__reduce__()
 
 
 # --- clustering order -------------------------------------------------------------------------------------

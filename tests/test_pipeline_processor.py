@@ -89,8 +89,8 @@ def test_partitions_pickled_as_objects_are_read_and_stored_as_builtins() -> None
     partitions = PartitionPage({b"old": (None, old), b"new": (None, new)})
     assert partitions.get(b"old").__reduce__() == partitions.get(b"new").__reduce__() == state.__reduce__()
     stored, _ = pickle.loads(partitions.dump())  # type: ignore[arg-type]
-    assert {key: pickle.loads(value) for key, (_, value) in stored.items()} == {b"old": state.stored(),
-                                                                                 b"new": state.stored()}
+    assert {key: pickle.loads(value) for key, (_, value, _) in stored.items()} == {b"old": state.stored(),
+                                                                                    b"new": state.stored()}
 
 
 class _MemoryState:
@@ -292,6 +292,36 @@ def test_replica_copies_give_one_event_whether_in_one_batch_or_several(processor
     assert [(e["op"], e["after"]["age"]) for e in events] == [("c", 30), ("u", 31)]
     assert events[0]["source"]["node"] == "node1"  # the first copy in offset order is the one merged
     assert run_batch(*processor, copies(second)[1:]) == []  # late copies, next batch
+
+
+def test_copies_in_a_later_batch_read_their_page_and_write_nothing(processor: Any) -> None:
+    """Agents lag apart: a write's copies reach later micro-batches than the write. Their page is read, their
+    digests found beside the partitions' states, and nothing is written back."""
+    owner, handle = processor
+    insert = Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW)
+    first, *late = copies(insert)
+    assert [e["op"] for e in run_batch(*processor, [first])] == ["c"]
+    pages = handle.maps[(0,)]
+    written, pages.calls = dict(pages.values), 0
+    assert run_batch(*processor, late) == []
+    assert pages.calls == 1  # the page read; nothing written
+    assert pages.values == written
+
+
+def test_a_page_stored_with_the_digests_inside_the_states_still_knows_its_copies() -> None:
+    """Pages written before the digests were kept beside the states: a copy is recognized from the state,
+    opened, and the page is stored anew in the current form."""
+    insert = update_bytes(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW))
+    state = PartitionState()
+    update = PartitionUpdateSerializer.deserialize(DataInput(insert), SCHEMA, 7)
+    apply(state, update, SCHEMA.table("app", "users"), NOW // 1_000_000, digest=b"d" * 16)
+    older = PartitionPage({b"key": (None, pickle.dumps(state.stored() + (state.digests,)))})
+    assert older.seen(b"key", b"d" * 16) and not older.seen(b"key", b"e" * 16)
+    assert older.changed
+    stored, _ = pickle.loads(older.dump())  # type: ignore[arg-type]
+    assert stored[b"key"] == (None, pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL), (b"d" * 16,))
+    current = PartitionPage(stored)
+    assert current.seen(b"key", b"d" * 16) and not current.changed
 
 
 def test_the_state_of_partitions_a_batch_does_not_touch_is_kept(processor: Any) -> None:

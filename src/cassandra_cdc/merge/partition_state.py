@@ -239,18 +239,21 @@ class PartitionState:
 
     def stored(self) -> StoredState:
         """The state as builtins only, as the pipeline keeps it: pickled and unpickled in two thirds of the
-        time the objects take (no class to look up, no ``__reduce__`` to call per row)."""
+        time the objects take (no class to look up, no ``__reduce__`` to call per row). Without the digests,
+        which the pipeline keeps beside it: a replica's copy is then found merged without unpickling the
+        state."""
         static = None if self.static is None else self.static.stored()
         rows = {clustering: row.stored() for clustering, row in self.rows.items()} or None
-        return (self.key, self.deletion, self.ranges or None, static, rows, self.clock, self.next_event,
-                self.digests)
+        return self.key, self.deletion, self.ranges or None, static, rows, self.clock, self.next_event
 
     @staticmethod
-    def from_stored(stored: StoredState) -> "PartitionState":
-        key, deletion, ranges, static, rows, clock, next_event, digests = stored
+    def from_stored(stored: StoredState, digests: tuple[bytes, ...] = ()) -> "PartitionState":
+        """The state ``stored`` gave, with its ``digests`` (in ``stored`` itself when it was stored with them,
+        as before they were kept apart)."""
+        key, deletion, ranges, static, rows, clock, next_event = stored[:7]
         return PartitionState(key, deletion, ranges, None if static is None else RowState(*static),
                               None if rows is None else {c: RowState(*row) for c, row in rows.items()},
-                              clock, next_event, digests)
+                              clock, next_event, stored[7] if len(stored) > 7 else digests)
 
     def seen(self, digest: bytes | None) -> bool:
         """Whether an update with this digest was applied recently (an RF copy or a replay)."""

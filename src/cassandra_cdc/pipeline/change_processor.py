@@ -21,8 +21,10 @@ state store. Spark's output of the operator is empty.
 What a record costs in Python is kept to what only Python can do (decode, merge, encode):
 
 * Replica copies are not merged again: a partition's state keeps the digests of its recent updates
-  (the copies of one write are the same update bytes, so the same digest), and a copy costs the
-  header's decode and digest check only.
+  (the copies of one write are the same update bytes, so the same digest), stored beside its pickled state,
+  and a copy costs the header's decode and digest check only: the state is not unpickled, and a page whose
+  partitions did not change is not written back, so that copies arriving in another micro-batch than their
+  write (agents lagging apart) cost a page read.
 * The state of a group is paged (``PagedGroup``): its partition keys are spread over a fixed number of
   pages by a hash of the key, each page a value of a ``MapState`` mapping each of its partition keys to
   its next expiry and its pickled merge state (see ``merge.py``). A batch reads and writes only the
@@ -258,11 +260,11 @@ class ChangeProcessor(StatefulProcessor):
         except RawRecordError as error:
             self._error(record_key, value, "invalid_raw_record", str(error))
             return
-        state = partitions.get(record_key)
         digest = stored_digest(value)
         # Seen before decoding: most records are another replica's copy of an update already merged.
-        if state is not None and state.seen(digest):
+        if partitions.seen(record_key, digest):
             return
+        state = partitions.get(record_key)
         try:
             table, version, update = self._decode(record_key, record)
         except _Undecodable as error:
@@ -570,7 +572,7 @@ class PagedGroup:
         for key, value in partitions.items():  # each already deleted by the group's truncations
             page = page_of(key, pages)
             if page not in self._read:
-                self._read[page] = (PartitionPage({}, dict(self.truncations)), 0)
+                self._read[page] = (PartitionPage({}, dict(self.truncations), changed=True), 0)
             self._read[page][0].stored[key] = value
 
     def read_ahead(self, records: list[tuple[int | None, bytes, bytes]]
@@ -643,6 +645,8 @@ class PagedGroup:
         updated: list[tuple[tuple[int], tuple[bytes]]] = []
         removed: list[tuple[int]] = []
         for page, partitions in pages:
+            if not partitions.changed:
+                continue  # as it was read (its expiry unchanged)
             stored = partitions.dump()
             expiry = partitions.earliest_expiry()
             if expiry is None:
@@ -660,6 +664,9 @@ class PagedGroup:
 
     def get(self, key: bytes) -> PartitionState | None:
         return self._page(page_of(key, self._pages)).get(key)
+
+    def seen(self, key: bytes, digest: bytes | None) -> bool:
+        return self._page(page_of(key, self._pages)).seen(key, digest)
 
     def add(self, key: bytes, state: PartitionState) -> None:
         self._page(page_of(key, self._pages)).add(key, state)
@@ -716,18 +723,23 @@ class PagedGroup:
 
 
 class PartitionPage:
-    """The merge states of a page of a group's partitions, each pickled on its own, its next expiry beside
-    it, and the truncations applied to them (table id → deletion).
+    """The merge states of a page of a group's partitions, each pickled on its own with its next expiry and its
+    recent digests beside it, and the truncations applied to them (table id → deletion).
 
     A micro-batch touches some of them: only those are unpickled and pickled again, the others stay bytes
-    (copied, never decoded).
+    (copied, never decoded). A partition whose digests show a record merged already is not even unpickled;
+    a page none of whose partitions was opened, added, removed or truncated is not ``changed``: it need not be
+    written back.
     """
 
-    def __init__(self, stored: dict[bytes, tuple[int | None, bytes]],
-                 truncations: dict[bytes, Deletion] | None = None) -> None:
-        self.stored = stored  # partition key → (next expiry, pickled PartitionState.stored())
+    def __init__(self, stored: dict[bytes, tuple[Any, ...]], truncations: dict[bytes, Deletion] | None = None,
+                 changed: bool = False) -> None:
+        # partition key → (next expiry, pickled PartitionState.stored(), its digests); pages written before the
+        # digests were kept apart hold (next expiry, pickled state with its digests).
+        self.stored = stored
         self._opened: dict[bytes, PartitionState] = {}
         self.truncations = truncations or {}
+        self._changed = changed
 
     @classmethod
     def load(cls, value: bytes | None) -> "PartitionPage":
@@ -736,14 +748,40 @@ class PartitionPage:
             return cls({})
         return cls(*pickle.loads(value))
 
+    @property
+    def changed(self) -> bool:
+        """Whether the page differs from the value it was read from."""
+        return self._changed or bool(self._opened)
+
     def get(self, key: bytes) -> PartitionState | None:
+        """The partition's state, opened to be merged into (the page is then ``changed``)."""
         state = self._opened.get(key)
         if state is None and key in self.stored:
-            stored = pickle.loads(self.stored[key][1])
+            entry = self.stored[key]
+            stored = pickle.loads(entry[1])
             # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
-            state = stored if isinstance(stored, PartitionState) else PartitionState.from_stored(stored)
+            if isinstance(stored, PartitionState):
+                state = stored
+            else:
+                state = PartitionState.from_stored(stored, entry[2] if len(entry) > 2 else ())
             self._opened[key] = state
         return state
+
+    def seen(self, key: bytes, digest: bytes | None) -> bool:
+        """Whether the partition has merged the update of this digest recently, from the digests stored beside
+        its state when they are (else from the state, opened)."""
+        if digest is None:
+            return False
+        state = self._opened.get(key)
+        if state is None:
+            entry = self.stored.get(key)
+            if entry is None:
+                return False
+            if len(entry) > 2:
+                return digest in entry[2]
+            state = self.get(key)
+            assert state is not None
+        return state.seen(digest)
 
     def add(self, key: bytes, state: PartitionState) -> None:
         self._opened[key] = state
@@ -755,6 +793,7 @@ class PartitionPage:
         partitions' clocks on, or what expired in between (written after the truncation) would have no event.
         """
         self.truncations[table_id] = deletion
+        self._changed = True
         for key in [key for key in self.stored.keys() | self._opened.keys() if key[:16] == table_id]:
             state = self.get(key)
             assert state is not None and state.clock is not None  # every state stored was merged at a time
@@ -765,18 +804,21 @@ class PartitionPage:
     def remove(self, key: bytes) -> None:
         self._opened.pop(key, None)
         self.stored.pop(key, None)
+        self._changed = True
 
     def due_keys(self, now_seconds: int) -> list[bytes]:
         """The partitions whose stored expiry has come (the opened ones sealed first)."""
         self.seal()
-        return [key for key, (expiry, _) in self.stored.items()
+        return [key for key, (expiry, *_) in self.stored.items()
                 if expiry is not None and expiry <= now_seconds]
 
     def seal(self) -> None:
-        """Pickle the opened partitions again (and note their next expiries)."""
+        """Pickle the opened partitions again (and note their next expiries and digests)."""
         for key, state in self._opened.items():
             stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
-            self.stored[key] = (next_expiry(state), stored)
+            self.stored[key] = (next_expiry(state), stored, state.digests)
+        if self._opened:
+            self._changed = True
         self._opened.clear()
 
     def dump(self) -> bytes | None:
@@ -788,4 +830,4 @@ class PartitionPage:
 
     def earliest_expiry(self) -> int | None:
         self.seal()
-        return min((expiry for expiry, _ in self.stored.values() if expiry is not None), default=None)
+        return min((entry[0] for entry in self.stored.values() if entry[0] is not None), default=None)
