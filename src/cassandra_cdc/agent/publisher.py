@@ -90,7 +90,8 @@ class Publisher:
         Raises ``ConfigError`` when the brokers refuse the agent's login or TLS (kafka.security)."""
         self._administer(lambda admin: create_missing_topics(admin, topics, timeout, configs=configs))
 
-    def raise_topic_limit(self, topic: str, wanted: int, timeout: float = 30.0) -> tuple[int, int | None, str | None]:
+    def raise_topic_limit(self, topic: str, wanted: int,
+                          timeout: float = 30.0) -> tuple[int, int | None, str | None]:
         """``record_size.raise_topic_limit`` with the agent's admin client; a ``ConfigError`` as in
         ``ensure_topics``."""
         return self._administer(lambda admin: raise_topic_limit(admin, topic, wanted, timeout))

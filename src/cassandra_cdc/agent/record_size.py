@@ -129,8 +129,8 @@ class RecordLimit:
         needed = required_record_bytes(self.max_mutation_bytes)
         steps = []
         if self.topic_bytes < needed:
-            steps.append(f"raise max.message.bytes of {self.topic} to {needed} (kafka-configs --alter --entity-type "
-                         f"topics --entity-name {self.topic} --add-config max.message.bytes={needed})")
+            steps.append(f"raise max.message.bytes of {self.topic} to {needed} (kafka-configs --alter "
+                         f"--entity-type topics --entity-name {self.topic} --add-config max.message.bytes={needed})")
         if self.producer_bytes < needed:
             steps.append(f"raise message.max.bytes in kafka.producer to {needed} (or leave it out)")
         return f"{' and '.join(steps)}, then start the agent again"
@@ -150,7 +150,8 @@ class RecordLimit:
                 f"the agent; to avoid that, {self.remedy()}")
 
 
-def raise_topic_limit(admin: AdminClient, topic: str, wanted: int, timeout: float) -> tuple[int, int | None, str | None]:
+def raise_topic_limit(admin: AdminClient, topic: str, wanted: int,
+                      timeout: float) -> tuple[int, int | None, str | None]:
     """Raise the topic's ``max.message.bytes`` to ``wanted`` if it is lower. Returns its limit now, the limit it
     had when the agent raised it (None: not raised) and why it could not be raised (None: it could, or
     needed not). Raises ``KafkaException`` when Kafka does not answer the describe request."""
@@ -179,7 +180,8 @@ def cut_to_fit(update: bytes, schema: Schema, version: int, max_update_bytes: in
     if len(decoded.rows) <= 1:
         raise RecordTooLarge("it is a single row, which is never cut (its pieces would not give its event)")
     # Filled to about 90% by the rows' estimated sizes; a piece the estimate misjudged is halved.
-    pieces = split_partition(decoded, RecordLimits(rows=len(decoded.unfiltereds), bytes=max_update_bytes * 9 // 10))
+    pieces = split_partition(decoded, RecordLimits(rows=len(decoded.unfiltereds),
+                                                   bytes=max_update_bytes * 9 // 10))
     return [data for piece in pieces for data in _fitting(piece, version, max_update_bytes)]
 
 
@@ -191,6 +193,8 @@ def _fitting(piece: PartitionUpdate, version: int, max_update_bytes: int) -> lis
     if rows <= 1:
         raise RecordTooLarge(f"one of its rows is {len(data):,} bytes alone, and a row is never cut")
     halves = split_partition(piece, RecordLimits(rows=(rows + 1) // 2, bytes=len(data)))
+    if len(halves) == 1:  # its rows meet only where one range deletion ends and another starts
+        raise RecordTooLarge(f"a piece of {len(data):,} bytes has no row boundary it can be cut at")
     return [part for half in halves for part in _fitting(half, version, max_update_bytes)]
 
 

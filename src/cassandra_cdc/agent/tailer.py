@@ -455,9 +455,9 @@ class Agent:
                                 self._max_record_bytes - len(key) - (len(value) - len(update)))
         except RecordTooLarge as error:
             raise RecordTooLarge(
-                f"the update of {_where(progress, entry)} position {entry.position} ({describe_update(route.table, key)}) "
-                f"makes a record of {len(key) + len(value):,} bytes, more than Kafka takes ({limit.limits_text()}), "
-                f"and cannot be cut: {error}; {limit.remedy()}") from None
+                f"the update of {_where(progress, entry)} position {entry.position} "
+                f"({describe_update(route.table, key)}) makes a record of {len(key) + len(value):,} bytes, more "
+                f"than Kafka takes ({limit.limits_text()}), and cannot be cut: {error}; {limit.remedy()}") from None
         segment_id = progress.segment.segment_id
         for piece in pieces:
             piece_key, piece_value = encode_update(self._node_id, segment_id, entry.position, version, piece)

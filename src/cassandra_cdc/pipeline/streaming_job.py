@@ -369,8 +369,8 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
 
 
 def _gap_after_failure(spark: SparkSession, config: PipelineConfig) -> RawTopicGap | None:
-    """A gap in the raw topic past where the failed query resumes (retention deleted records while it was behind);
-    None when there is none or Kafka does not tell."""
+    """A gap in the raw topic past where the failed query resumes (retention deleted records while it was
+    behind); None when there is none or Kafka does not tell."""
     files = checkpoint_files(config.checkpoint, spark)
     if files is None or config.kafka.accept_gap:
         return None
