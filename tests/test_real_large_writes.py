@@ -19,16 +19,18 @@ partitions are deleted (``DeleteRecords``, which moves the log start offset as r
 refuses to start with one line naming each partition's missing offsets and the remedy (exit status 2), warns
 that the topic's retention is shorter than the docs recommend, and with ``kafka.accept_gap`` starts, counts
 the records in its metric and reads on: its events then lack exactly the rows whose records were deleted.
+The same gap made while the pipeline runs (frozen meanwhile) stops it with the same line (exit status 1).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import pytest
 import yaml
@@ -221,38 +223,69 @@ def test_large_writes_are_published_whole_and_cut_when_the_limit_stays_low(
         cut.stop()
 
 
+class GapSetup(NamedTuple):
+    system: System
+    insert: Any  # the prepared INSERT of (id, v)
+    table: bytes  # its table id
+    raw_topic: str
+
+
+def gap_setup(node: Any, session: Any, kafka: Any, root: Path, server: str, source: str) -> GapSetup:
+    """A table of its own, its raw topic created by hand with a one-hour retention, and the agent and the
+    pipeline (reading with ``source``) of ``server``, not started."""
+    table_name = f"{server}_rows"
+    session.execute(f"CREATE TABLE {KEYSPACE}.{table_name} (id int PRIMARY KEY, v text) WITH cdc = true")
+    raw_topic = f"{server}.raw"
+    with AdminClient({"bootstrap.servers": kafka.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(raw_topic, 3, config={"retention.ms": "3600000"})])[raw_topic].result()
+    system = System(root, node, kafka, server, tables=[f"{KEYSPACE}.{table_name}"])
+    set_pipeline(system, source=source)
+    return GapSetup(system, session.prepare(f"INSERT INTO {KEYSPACE}.{table_name} (id, v) VALUES (?, ?)"),
+                    table_id(session, KEYSPACE, table_name), raw_topic)
+
+
+def delete_unread(setup: GapSetup, session: Any, kafka: Any,
+                  read_to: dict[int, int]) -> tuple[dict[int, tuple[int, int]], set[int]]:
+    """Rows 30-59 written and published, then every record of raw partitions 0 and 1 past ``read_to``
+    deleted (DeleteRecords: the log start moves, as retention moves it). Per partition the offsets deleted
+    ``(first, end)``, and the rows whose records they were."""
+    for row in range(30, 60):
+        session.execute(setup.insert, (row, "after"))
+    wait_for(lambda: len(raw_records(kafka.bootstrap_servers, setup.raw_topic, setup.table)) == 60,
+             "the agent to publish the later rows", 60, setup.system.agents)
+    ends = end_offsets(kafka, setup.raw_topic)
+    deleted = {partition: (read_to[partition], ends[partition]) for partition in (0, 1)}
+    assert all(end > first for first, end in deleted.values()), deleted
+    lost_rows = {int.from_bytes(key[16:], "big", signed=True)
+                 for partition, key, _ in messages(kafka.bootstrap_servers, setup.raw_topic)
+                 if partition in deleted and key.startswith(setup.table)} - set(range(30))
+    with AdminClient({"bootstrap.servers": kafka.bootstrap_servers}) as admin:
+        futures = admin.delete_records([TopicPartition(setup.raw_topic, partition, end)
+                                        for partition, (_, end) in deleted.items()])
+        for future in futures.values():
+            future.result()
+    return deleted, lost_rows
+
+
+def gap_text(raw_topic: str, deleted: dict[int, tuple[int, int]]) -> str:
+    """What the gap's line says of the records lost and where."""
+    records = sum(end - first for first, end in deleted.values())
+    ranges = ", ".join(f"partition {p}: offsets {first}..{end - 1}" for p, (first, end) in sorted(deleted.items()))
+    return (f"the raw topic {raw_topic} lost {records:,} records before the pipeline read them (deleted by its "
+            f"retention, or the topic recreated): {ranges}.")
+
+
 @pytest.mark.parametrize("source", ["kafka", "python"])
 def test_a_gap_in_the_raw_topic_is_one_line_a_metric_and_accepted_only_by_setting(
         node: Any, session: Any, real_kafka: Any, tmp_path: Path, source: str) -> None:
-    server, table_name = f"gap{source}", f"gap_{source}"
-    raw_topic = f"{server}.raw"
-    session.execute(f"CREATE TABLE {KEYSPACE}.{table_name} (id int PRIMARY KEY, v text) WITH cdc = true")
-    insert = session.prepare(f"INSERT INTO {KEYSPACE}.{table_name} (id, v) VALUES (?, ?)")
-    table = table_id(session, KEYSPACE, table_name)
-    with AdminClient({"bootstrap.servers": real_kafka.bootstrap_servers}) as admin:
-        admin.create_topics([NewTopic(raw_topic, 3, config={"retention.ms": "3600000"})])[raw_topic].result()
-    system = System(tmp_path, node, real_kafka, server, tables=[f"{KEYSPACE}.{table_name}"])
-    set_pipeline(system, source=source)
+    setup = gap_setup(node, session, real_kafka, tmp_path, f"gap{source}", source)
+    system, table_name = setup.system, f"gap{source}_rows"
     try:
         system.start_agents()
         for row in range(30):
-            session.execute(insert, (row, "before"))
-        run_pipeline_until_equal(system, real_kafka, session, [table_name], server)
-        read_to = end_offsets(real_kafka, raw_topic)
-        for row in range(30, 60):
-            session.execute(insert, (row, "after"))
-        wait_for(lambda: len(raw_records(real_kafka.bootstrap_servers, raw_topic, table)) == 60,
-                 "the agent to publish the later rows", 60, system.agents)
-        ends = end_offsets(real_kafka, raw_topic)
-        deleted = {partition: (read_to[partition], ends[partition]) for partition in (0, 1)}
-        assert all(end > first for first, end in deleted.values()), deleted
-        lost_rows = {int.from_bytes(key[16:], "big", signed=True)
-                     for partition, key, _ in messages(real_kafka.bootstrap_servers, raw_topic)
-                     if partition in deleted and key.startswith(table)} - set(range(30))
-        with AdminClient({"bootstrap.servers": real_kafka.bootstrap_servers}) as admin:
-            futures = admin.delete_records([TopicPartition(raw_topic, p, end) for p, (_, end) in deleted.items()])
-            for future in futures.values():
-                future.result()
+            session.execute(setup.insert, (row, "before"))
+        run_pipeline_until_equal(system, real_kafka, session, [table_name], f"gap{source}")
+        deleted, lost_rows = delete_unread(setup, session, real_kafka, end_offsets(real_kafka, setup.raw_topic))
 
         system.pipeline.start()
         wait_for(lambda: system.pipeline.exit_code is not None, "the pipeline to refuse the gap", 240, [])
@@ -260,12 +293,9 @@ def test_a_gap_in_the_raw_topic_is_one_line_a_metric_and_accepted_only_by_settin
         log = system.pipeline.log_path.read_text()
         assert "Traceback" not in log
         [line] = [line for line in log.splitlines() if line.startswith("error:")]
-        ranges = ", ".join(f"partition {p}: offsets {first}..{end - 1}"
-                           for p, (first, end) in sorted(deleted.items()))
-        records = sum(end - first for first, end in deleted.values())
-        assert f"the raw topic {raw_topic} lost {records:,} records before the pipeline read them" in line
-        assert ranges in line and "run cassandra-cdc bootstrap" in line and "kafka.accept_gap: true" in line
-        assert (f"the raw topic {raw_topic} deletes records sooner than docs/operations.md recommends "
+        assert gap_text(setup.raw_topic, deleted) in line
+        assert "run cassandra-cdc bootstrap" in line and "kafka.accept_gap: true" in line
+        assert (f"the raw topic {setup.raw_topic} deletes records sooner than docs/operations.md recommends "
                 "(retention.ms 3600000 (1 h)") in log
 
         set_pipeline(system, accept_gap=True)
@@ -273,8 +303,9 @@ def test_a_gap_in_the_raw_topic_is_one_line_a_metric_and_accepted_only_by_settin
         system.pipeline.start()
         try:
             wait_for(lambda: system.pipeline.ready, "the pipeline accepting the gap", 240, [system.pipeline])
+            records = sum(end - first for first, end in deleted.values())
             assert scrape(port, "cassandra_cdc_pipeline_raw_records_deleted_total") == records
-            topic = f"{server}.{KEYSPACE}.{table_name}"
+            topic = f"gap{source}.{KEYSPACE}.{table_name}"
             wanted = set(range(60)) - lost_rows
             wait_for(lambda: {event["after"]["id"]
                               for event in consume_events(real_kafka.bootstrap_servers, [topic])[topic]} == wanted,
@@ -282,6 +313,38 @@ def test_a_gap_in_the_raw_topic_is_one_line_a_metric_and_accepted_only_by_settin
         finally:
             assert system.pipeline.stop() == 0, system.pipeline.log_tail(30)
         assert "reading on past it (kafka.accept_gap)" in system.pipeline.log_path.read_text()
+    finally:
+        system.stop()
+
+
+@pytest.mark.parametrize("source", ["kafka", "python"])
+def test_a_gap_while_the_pipeline_runs_stops_it_with_the_same_line(
+        node: Any, session: Any, real_kafka: Any, tmp_path: Path, source: str) -> None:
+    """The running pipeline frozen (SIGSTOP, its whole process group) while records it has not read are
+    deleted: let go, its query fails on them, and the pipeline stops (exit status 1) with the gap's line."""
+    setup = gap_setup(node, session, real_kafka, tmp_path, f"gaprun{source}", source)
+    system = setup.system
+    try:
+        system.start_agents()
+        for row in range(30):
+            session.execute(setup.insert, (row, "before"))
+        system.pipeline.start()
+        wait_for(lambda: system.pipeline.ready, "the pipeline", 240, [system.pipeline])
+        replayed = replayed_tables(real_kafka.bootstrap_servers, session, KEYSPACE, f"gaprun{source}",
+                                   [f"gaprun{source}_rows"], CONVERGE_TIMEOUT, [system.pipeline])
+        assert not any(replayed.differences.values()), replayed.differences
+        assert system.pipeline.process is not None
+        group = system.pipeline.process.pid
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            deleted, _ = delete_unread(setup, session, real_kafka, end_offsets(real_kafka, setup.raw_topic))
+        finally:
+            os.killpg(group, signal.SIGCONT)
+        wait_for(lambda: system.pipeline.exit_code is not None, "the pipeline to stop at the gap", 600, [])
+        assert system.pipeline.exit_code == 1, system.pipeline.log_tail(30)
+        [line] = [line for line in system.pipeline.log_path.read_text().splitlines()
+                  if "the pipeline stopped: " in line]
+        assert gap_text(setup.raw_topic, deleted) in line and "kafka.accept_gap: true" in line
     finally:
         system.stop()
 
