@@ -17,7 +17,7 @@ import cassandra_cdc.agent.segment_progress as progress_module
 from cassandra_cdc.agent import Agent
 from cassandra_cdc.agent.deliveries import MARKER_INTERVAL, Deliveries
 from cassandra_cdc.agent.agent_metrics import LatencyHistogram
-from cassandra_cdc.agent.publisher import Publisher
+from cassandra_cdc.agent.publisher import DeliveryFailed, Publisher
 from cassandra_cdc.agent.cdc_raw import read_cdc_index
 from cassandra_cdc.agent.truncations import Truncation, TruncationWatch
 from cassandra_cdc.commitlog import Mutation
@@ -300,6 +300,23 @@ def test_idx_file_ending_with_a_line_break_is_read(tmp_path: Path, text: str, of
 
 
 # --- acknowledgements without a report per record -------------------------------------------------------
+
+def test_a_record_produce_refuses_is_one_line_naming_it(broker: EmbeddedBroker) -> None:
+    """librdkafka refuses a record larger than the producer's message.max.bytes in ``produce()`` itself
+    (MSG_SIZE_TOO_LARGE): the publisher raises ``DeliveryFailed`` with one line naming the record as the agent
+    describes it, its size and Kafka's reason, where a ``KafkaException`` escaped before."""
+    topic = f"refused-{uuid.uuid4().hex[:8]}"
+    publisher = Publisher(broker.bootstrap_servers, 64 * 1024 * 1024, {"message.max.bytes": 10_000},
+                          describe_record=lambda topic, key, value: f"the record {key.decode()} of {topic}")
+    try:
+        publisher.ensure_topics({topic: (1, False)})
+        with pytest.raises(DeliveryFailed) as refused:
+            publisher.publish(topic, b"k1", b"x" * 20_000, None)
+    finally:
+        publisher.close()
+    line = str(refused.value)
+    assert line.startswith(f"Kafka refused the record k1 of {topic}, 20,002 bytes: ")
+    assert "Message size too large" in line and "\n" not in line
 
 def test_deliveries_know_every_record_acknowledged_from_a_few_reports(broker: EmbeddedBroker) -> None:
     """Records go to the partition librdkafka's own partitioner picks for their key (as bootstrap's records do);

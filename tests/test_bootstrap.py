@@ -24,7 +24,8 @@ from cassandra_cdc.bootstrap import (BootstrapError, RecordBuilder, RecordLimits
                                      run_bootstrap)
 from cassandra_cdc.bootstrap.task_plan import resolve_snapshots
 from cassandra_cdc.bootstrap.progress import ProgressFile
-from cassandra_cdc.bootstrap.sstable_records import max_local_deletion_time, split_partition
+from cassandra_cdc.bootstrap.sstable_records import max_local_deletion_time
+from cassandra_cdc.storage.partition_split import split_partition
 from cassandra_cdc.cli.main import app
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.cells import Cell, DeletionTime, LivenessInfo

@@ -191,6 +191,11 @@ class AgentConfig(ServerTopics, _Section):
                                 "Cassandra skips a dropped table's. Also how long after a schema change "
                                 "the node logged, and a read did not show, records are checked against the "
                                 "schema and one that needs a newer definition waits for it.")
+    max_mutation_size_mb: int | None = Field(
+        None, ge=1, description="The node's max_mutation_size, which sizes the raw topic's max.message.bytes "
+                                "and the producer's message.max.bytes. Default: read from the node beside the "
+                                "agent (system_views.settings) with schema.cassandra, else Cassandra's default "
+                                "(16: half of the default 32 MiB commitlog_segment_size).")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -97,6 +97,9 @@ class AgentMetrics:
         self.kafka_records_lost = Counter(
             "cassandra_cdc_agent_kafka_records_lost",
             "Records Kafka had acknowledged that the raw topic no longer holds (found at start)", registry=r)
+        self.updates_cut = Counter(
+            "cassandra_cdc_agent_updates_cut",
+            "Partition updates larger than a record the raw topic takes, published as several records", registry=r)
         # Bumped per record by the agent's thread, read at scrape time.
         self.mutations_read: defaultdict[str, int] = defaultdict(int)  # by table
         # acknowledged by Kafka, by table (DEAD_LETTERS: the dead letters)

@@ -115,7 +115,7 @@ class Deliveries:
 
     def _delivered(self, slot: int, sequence: int, produced_at: float, error: KafkaError | None,
                    message: Message) -> None:
-        if self._publisher.check(error):
+        if self._publisher.check(error, message):
             self.acknowledged[slot] = max(self.acknowledged[slot], sequence)
             self._acknowledged_offsets[slot] = max(self._acknowledged_offsets[slot], message.offset())
             self._latency.observe(time.monotonic() - produced_at)

@@ -20,10 +20,12 @@ from confluent_kafka.admin import AdminClient
 
 from ..kafka.admin import admin_settings, create_missing_topics, grow_if_empty
 from ..kafka.security import LibrdkafkaLog, LoginCheck
+from .record_size import raise_topic_limit
 from ..settings import ConfigError
 
 log = logging.getLogger(__name__)
 Acknowledge = Callable[[KafkaError | None, Message], None]
+DescribeRecord = Callable[[str, bytes, bytes], str]
 T = TypeVar("T")
 
 
@@ -33,7 +35,9 @@ class DeliveryFailed(RuntimeError):
 
 class Publisher:
     def __init__(self, bootstrap_servers: str, max_buffered_bytes: int, extra: dict[str, Any] | None = None,
-                 on_reachability: Callable[[bool], None] | None = None) -> None:
+                 on_reachability: Callable[[bool], None] | None = None,
+                 describe_record: DescribeRecord = lambda topic, key, value: f"a record to {topic}") -> None:
+        """``describe_record`` names a record (topic, key, value) in the line that says Kafka refused it."""
         self.bootstrap_servers = bootstrap_servers
         settings: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
@@ -55,6 +59,7 @@ class Publisher:
         self._admin_settings = {**admin_settings(settings), **self._login.settings()}
         self._admin: AdminClient | None = None  # one for every attempt: each new client logs its own failures
         self._on_reachability = on_reachability
+        self._describe_record = describe_record
         self.reachable = True
         self.failure: DeliveryFailed | None = None
         self._errors_logged: set[int] = set()
@@ -77,11 +82,19 @@ class Publisher:
             if self._on_reachability is not None:
                 self._on_reachability(reachable)
 
-    def ensure_topics(self, topics: dict[str, tuple[int, bool]], timeout: float = 30.0) -> None:
-        """Create missing topics: name -> (partitions, compacted). Existing topics are left as they are.
+    def ensure_topics(self, topics: dict[str, tuple[int, bool]], timeout: float = 30.0,
+                      configs: dict[str, dict[str, str]] | None = None) -> None:
+        """Create missing topics: name -> (partitions, compacted), with the topic settings of ``configs``.
+        Existing topics are left as they are.
 
         Raises ``ConfigError`` when the brokers refuse the agent's login or TLS (kafka.security)."""
-        self._administer(lambda admin: create_missing_topics(admin, topics, timeout))
+        self._administer(lambda admin: create_missing_topics(admin, topics, timeout, configs=configs))
+
+    def raise_topic_limit(self, topic: str, wanted: int,
+                          timeout: float = 30.0) -> tuple[int, int | None, str | None]:
+        """``record_size.raise_topic_limit`` with the agent's admin client; a ``ConfigError`` as in
+        ``ensure_topics``."""
+        return self._administer(lambda admin: raise_topic_limit(admin, topic, wanted, timeout))
 
     def grow_if_empty(self, topic: str, partitions: int, timeout: float = 30.0) -> tuple[int, bool]:
         """``kafka.admin.grow_if_empty`` with the agent's admin client; a ``ConfigError`` as in
@@ -115,6 +128,8 @@ class Publisher:
                 self.poll(0.05)  # wait for acknowledgements to make room
                 if should_stop():
                     return False
+            except KafkaException as error:  # refused before it was queued (MSG_SIZE_TOO_LARGE, say)
+                raise DeliveryFailed(self._refused(topic, key, value, error.args[0])) from None
 
     def partition_count(self, topic: str, timeout: float = 30.0) -> int:
         metadata = self._producer.list_topics(topic, timeout=timeout).topics[topic]
@@ -122,7 +137,7 @@ class Publisher:
             raise KafkaException(metadata.error)
         return len(metadata.partitions)
 
-    def check(self, error: KafkaError | None) -> bool:
+    def check(self, error: KafkaError | None, message: Message) -> bool:
         """For delivery callbacks: True if delivered; records a permanent failure otherwise (not for a record
         ``close`` dropped)."""
         if error is None:
@@ -131,8 +146,13 @@ class Publisher:
             return True
         if self._closing:
             return False  # dropped by ``close``
-        self._fail(f"Kafka did not accept a record: {error}")
+        self._fail(self._refused(message.topic(), message.key() or b"", message.value() or b"", error))
         return False
+
+    def _refused(self, topic: str, key: bytes, value: bytes, error: KafkaError) -> str:
+        """One line: which record Kafka refused, its size, why, and that nothing after it is saved."""
+        return (f"Kafka refused {self._describe_record(topic, key, value)}, {len(key) + len(value):,} bytes: "
+                f"{error.str()}; no position is saved past it, and the restarted agent publishes it again")
 
     def poll(self, timeout: float = 0.0) -> None:
         self._serve(timeout)

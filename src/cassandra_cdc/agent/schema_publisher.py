@@ -7,7 +7,7 @@ import threading
 import uuid
 from typing import Callable
 
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, Message
 
 from ..kafka.schema_records import SchemaRecord
 from ..schema import TableMetadata
@@ -49,9 +49,9 @@ class SchemaPublisher:
         return True
 
     def _publish(self, record: SchemaRecord) -> bool:
-        delivered: list[KafkaError | None] = []
+        delivered: list[tuple[KafkaError | None, Message]] = []
         self._publisher.publish(self._schema_topic, record.key, record.encode(),
-                                lambda error, _: delivered.append(error), self._while_blocked)
+                                lambda error, message: delivered.append((error, message)), self._while_blocked)
         while not delivered and not self._stopping.is_set():
             self._publisher.poll(0.05)
-        return bool(delivered) and self._publisher.check(delivered[0])
+        return bool(delivered) and self._publisher.check(*delivered[0])

@@ -36,7 +36,7 @@ from ..storage import MutationDecodeError, PartitionUpdateSerializer, UnknownTab
 from ..commitlog.mutation import split_partition_updates
 from ..commitlog.segment_reader import DamageKind, Entry
 from ..kafka.outage import unreachable
-from ..kafka.raw_records import TruncationRecord, encode_update
+from ..kafka.raw_records import TruncationRecord, encode_update, is_truncation, segment_and_position
 from ..observability import serve_metrics
 from .cdc_raw import CdcSegment, ChangeNotifier, bytes_missing, cdc_raw_bytes, list_segments
 from .agent_config import AgentConfig, ConfigError
@@ -48,6 +48,9 @@ from .node_settings import (NodeSettings, check_against_configuration, configure
                             read_node_settings, warn_about)
 from .positions import PositionStore, StateError
 from .quarantine import WHOLE_SEGMENT_DAMAGE, Quarantine, damage_position
+from .record_size import (DEFAULT_MAX_MUTATION_BYTES, PRODUCER_MESSAGE_MAX_BYTES, TOPIC_MAX_MESSAGE_BYTES,
+                          RecordLimit, RecordTooLarge, cut_to_fit, describe_update, read_max_mutation_size,
+                          required_record_bytes)
 from .schema_publisher import SchemaPublisher
 from .segment_cleanup import SegmentCleanup
 from .segment_keys import ensure_key, key_error, load_keystore
@@ -83,9 +86,14 @@ class Agent:
         self.tables = TableRegistry(config)
         self.keystore = load_keystore(config)
         self._check_keys()
-        self.publisher = Publisher(config.kafka.bootstrap_servers, config.kafka.max_buffered_bytes,
-                                   config.kafka.librdkafka(config.kafka.producer),
-                                   on_reachability=self._kafka_reachability)
+        self._max_mutation_bytes, self._max_mutation_source = self._max_mutation_size()
+        producer = config.kafka.librdkafka(config.kafka.producer)
+        producer.setdefault(PRODUCER_MESSAGE_MAX_BYTES, required_record_bytes(self._max_mutation_bytes))
+        self._producer_record_bytes = int(producer[PRODUCER_MESSAGE_MAX_BYTES])
+        self.publisher = Publisher(config.kafka.bootstrap_servers, config.kafka.max_buffered_bytes, producer,
+                                   on_reachability=self._kafka_reachability, describe_record=self._describe_record)
+        self.record_limit: RecordLimit | None = None  # known once the raw topic exists
+        self._max_record_bytes = 0
         self.deliveries = Deliveries(self.publisher, self.metrics.delivery_latency)
         self.notifier = ChangeNotifier(config.cdc_raw)
         self._stopping = threading.Event()
@@ -178,7 +186,7 @@ class Agent:
                 progressed = self.run_once()
                 if not progressed:
                     self._wait_for_change()
-        except (ConfigError, StateError, DeliveryFailed) as error:
+        except (ConfigError, StateError, DeliveryFailed, RecordTooLarge) as error:
             failure = error
         finally:
             failure = failure or self._loss
@@ -214,12 +222,15 @@ class Agent:
         waiting = False
         while not self._stopping.is_set():
             try:
+                required = required_record_bytes(self._max_mutation_bytes)
                 self.publisher.ensure_topics({
                     self.config.raw_topic: (self.config.kafka.raw_topic_partitions, False),
                     self.config.schema_topic: (1, True),
                     self.config.errors_topic: (1, False),
-                }, timeout=STARTUP_KAFKA_TIMEOUT_SECONDS)
+                }, timeout=STARTUP_KAFKA_TIMEOUT_SECONDS,
+                    configs={self.config.raw_topic: {TOPIC_MAX_MESSAGE_BYTES: str(required)}})
                 self._check_raw_partitions()
+                self._check_record_limit(required)
             except KafkaException as error:
                 if not unreachable(error):
                     raise
@@ -252,6 +263,40 @@ class Agent:
                         "partition), and the agents publish to its %d partition(s); to have %d, recreate the "
                         "topic before any record (and start the pipeline on a new checkpoint), or set "
                         "auto.create.topics.enable=false on the brokers", topic, had, wanted, had, wanted)
+
+    def _check_record_limit(self, required: int) -> None:
+        """Raise the raw topic's record limit to what the node's largest mutation needs, and say in one line
+        what the limits are and what the agent does with them (record_size.py)."""
+        topic = self.config.raw_topic
+        topic_bytes, raised_from, refusal = self.publisher.raise_topic_limit(topic, required,
+                                                                             STARTUP_KAFKA_TIMEOUT_SECONDS)
+        limit = RecordLimit(topic, self._max_mutation_bytes, self._max_mutation_source, topic_bytes, raised_from,
+                            refusal, self._producer_record_bytes)
+        (log.info if limit.fits_every_mutation else log.warning)("%s", limit.describe())
+        self.record_limit, self._max_record_bytes = limit, limit.record_bytes
+
+    def _max_mutation_size(self) -> tuple[int, str]:
+        """The node's max_mutation_size in bytes, and where it comes from."""
+        if self.config.max_mutation_size_mb is not None:
+            return self.config.max_mutation_size_mb << 20, "max_mutation_size_mb"
+        cassandra = self.config.schema_.cassandra
+        if cassandra is None:
+            return DEFAULT_MAX_MUTATION_BYTES, "Cassandra's default; with schema.file, set max_mutation_size_mb"
+        node = cassandra.contact_points[0]
+        try:
+            return read_max_mutation_size(cassandra), f"system_views.settings of {node}"
+        except Exception as error:  # the driver's errors have no common base; the node's limit stays unknown
+            return DEFAULT_MAX_MUTATION_BYTES, (f"Cassandra's default: reading system_views.settings of {node} "
+                                                f"failed ({error}); set max_mutation_size_mb")
+
+    def _describe_record(self, topic: str, key: bytes, value: bytes) -> str:
+        """A record, for the line saying Kafka refused it: a raw record's segment, position, table and key."""
+        if topic != self._raw_topic or is_truncation(value):
+            return f"a record to {topic}"
+        segment, position = segment_and_position(value)
+        limits = f"; limits: {self.record_limit.limits_text()}" if self.record_limit is not None else ""
+        table = self.tables.schema.table_by_id(uuid.UUID(bytes=key[:16]))
+        return f"the record of {segment} position {position} ({describe_update(table, key)}{limits})"
 
     def _check_acknowledged_records(self) -> None:
         """Compare the offsets Kafka acknowledged before with where the raw topic's partitions end: LostRecords
@@ -449,9 +494,36 @@ class Agent:
         for route, update in zip(routes, updates):
             if route.published:
                 key, value = encode_update(self._node_id, segment_id, entry.position, version, update)
-                if not self.deliveries.send(self._raw_topic, key, value, self._while_blocked):
+                if len(key) + len(value) > self._max_record_bytes:
+                    if not self._send_pieces(progress, version, entry, route, key, value, update):
+                        return False
+                elif not self.deliveries.send(self._raw_topic, key, value, self._while_blocked):
                     return False
                 self._sent[route.name] += 1
+        return True
+
+    def _send_pieces(self, progress: SegmentProgress, version: int, entry: Entry, route: Route, key: bytes,
+                     value: bytes, update: bytes) -> bool:
+        """Send an update larger than a record the raw topic takes as pieces that fit (record_size.py); False if
+        stopped before all were queued. ``RecordTooLarge`` when it cannot be cut."""
+        limit = cast(RecordLimit, self.record_limit)
+        try:
+            pieces = cut_to_fit(update, self.tables.schema, version,
+                                self._max_record_bytes - len(key) - (len(value) - len(update)))
+        except RecordTooLarge as error:
+            raise RecordTooLarge(
+                f"the update of {_where(progress, entry)} position {entry.position} "
+                f"({describe_update(route.table, key)}) makes a record of {len(key) + len(value):,} bytes, more "
+                f"than Kafka takes ({limit.limits_text()}), and cannot be cut: {error}; {limit.remedy()}") from None
+        segment_id = progress.segment.segment_id
+        for piece in pieces:
+            piece_key, piece_value = encode_update(self._node_id, segment_id, entry.position, version, piece)
+            if not self.deliveries.send(self._raw_topic, piece_key, piece_value, self._while_blocked):
+                return False
+        self._sent[route.name] += len(pieces) - 1  # the caller counts one
+        self.metrics.updates_cut.inc()
+        log.info("the update of %s (%s, %d bytes) is larger than a record the raw topic takes: published as %d "
+                 "records", _where(progress, entry), describe_update(route.table, key), len(update), len(pieces))
         return True
 
     def _routed_updates(self, progress: SegmentProgress, version: int,

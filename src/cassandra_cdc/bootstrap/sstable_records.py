@@ -1,12 +1,8 @@
 """From the partitions of an SSTable to raw records, as an agent would publish them (docs/raw-records.md).
 
 One partition gives one record, or several when it is large: at most ``RecordLimits.rows`` rows and
-about ``RecordLimits.bytes`` bytes each, so that records stay well under Kafka's message size. The
-pipeline merges partition updates in any order, so the pieces of a partition are independent updates:
-the partition deletion and the static row go with the first; pieces are cut only before a row, and
-a range deletion open across a cut (then cut only right after a row) is closed at that row in one
-piece and opened again just after it in the next (``INCL_END_BOUND`` then ``EXCL_START_BOUND`` at the
-same clustering: the same range).
+about ``RecordLimits.bytes`` bytes each, so that records stay well under Kafka's message size
+(``storage.partition_split`` says how a partition is cut).
 
 Record fields for snapshot data: flag ``snapshot``; ``segment_id`` is the SSTable's generation (a
 number, or a 63-bit hash of a 5.0 UUID generation); ``position`` is the Data.db offset of the
@@ -26,10 +22,11 @@ import logging
 from dataclasses import dataclass
 from typing import Iterator
 
-from ..storage.cells import INT_MAX, Cell, ComplexColumn, DeletionTime
+from ..storage.cells import INT_MAX, Cell, ComplexColumn
 from ..storage.binary_io import DataOutput
 from ..storage.partition_update import PartitionUpdate, PartitionUpdateSerializer, peek_min_timestamp
-from ..storage.rows import BoundKind, RangeTombstoneMarker, Row, Unfiltered
+from ..storage.partition_split import RecordLimits, split_partition
+from ..storage.rows import RangeTombstoneMarker, Row, Unfiltered
 from ..schema import TableMetadata
 from ..sstable import DataRange, SSTable, SSTableReadStats
 from ..kafka.raw_records import RawRecord
@@ -38,16 +35,6 @@ log = logging.getLogger(__name__)
 
 COMMITLOG_VERSION = 7
 COMMITLOG_VERSION_UNSIGNED_DELETION_TIMES = 8
-_ROW_OVERHEAD = 12  # flags, size of the timestamp and column bitmap: rough, for cutting pieces
-_CELL_OVERHEAD = 6
-
-
-@dataclass(frozen=True)
-class RecordLimits:
-    """How large one record's partition update may get before the partition is split."""
-
-    rows: int = 1000
-    bytes: int = 512 * 1024
 
 
 @dataclass
@@ -164,60 +151,6 @@ class RecordBuilder:
         return Row(row.clustering, kept, row.liveness, row.deletion, row.shadowable_deletion, row.is_static)
 
 
-def split_partition(update: PartitionUpdate, limits: RecordLimits) -> list[PartitionUpdate]:
-    """``update`` as pieces of at most ``limits.rows`` rows and about ``limits.bytes`` bytes (see above)."""
-    pieces: list[PartitionUpdate] = []
-    current: list[Unfiltered] = []
-    rows = size = 0
-    open_deletion: DeletionTime | None = None
-    previous: Unfiltered | None = None
-    for unfiltered in update.unfiltereds:
-        is_row = isinstance(unfiltered, Row)
-        # Cut before a row, once the piece is full, where no range deletion is open or it can be
-        # closed at the row just before.
-        if is_row and (rows >= limits.rows or size >= limits.bytes) and rows \
-                and (open_deletion is None or isinstance(previous, Row)):
-            if open_deletion is not None:
-                assert isinstance(previous, Row)
-                current.append(RangeTombstoneMarker(BoundKind.INCL_END_BOUND, previous.clustering,
-                                                    close_deletion=open_deletion))
-            pieces.append(_piece(update, current, first=not pieces))
-            current = []
-            rows = size = 0
-            if open_deletion is not None:
-                assert isinstance(previous, Row)
-                current.append(RangeTombstoneMarker(BoundKind.EXCL_START_BOUND, previous.clustering,
-                                                    open_deletion=open_deletion))
-        current.append(unfiltered)
-        size += unfiltered_size(unfiltered)
-        if is_row:
-            rows += 1
-        else:
-            open_deletion = unfiltered.open_deletion if unfiltered.kind.opens else None  # type: ignore[union-attr]
-        previous = unfiltered
-    pieces.append(_piece(update, current, first=not pieces))
-    return pieces
-
-
-def _piece(update: PartitionUpdate, unfiltereds: list[Unfiltered], first: bool) -> PartitionUpdate:
-    return PartitionUpdate(update.table, update.key, unfiltereds, update.static_row if first else None,
-                           update.partition_deletion if first else None, update.regular_columns,
-                           update.static_columns)
-
-
-def unfiltered_size(unfiltered: Unfiltered) -> int:
-    """About the serialized size of a row or marker (for cutting pieces, not exact)."""
-    size = _ROW_OVERHEAD + sum(len(v) for v in unfiltered.clustering if v)
-    if isinstance(unfiltered, Row):
-        for data in unfiltered.cells:
-            if isinstance(data, ComplexColumn):
-                size += _CELL_OVERHEAD + sum(_CELL_OVERHEAD + len(c.value) + len(c.path or b"")
-                                             for c in data.cells)
-            else:
-                size += _CELL_OVERHEAD + len(data.value)
-    return size
-
-
 def max_local_deletion_time(update: PartitionUpdate) -> int:
     """The largest local deletion (or expiration) time in the update, -1 if none."""
     best = -1
@@ -261,4 +194,4 @@ def record_key_of(table: TableMetadata, update: PartitionUpdate) -> bytes:
 
 
 __all__ = ["COMMITLOG_VERSION", "RecordBuilder", "RecordLimits", "RecordStats", "max_local_deletion_time",
-           "record_key_of", "split_partition", "sstable_segment_id", "unfiltered_size"]
+           "record_key_of", "sstable_segment_id"]

@@ -27,6 +27,9 @@ def pipeline(
     reset_checkpoint: Annotated[bool, typer.Option(
         "--reset-checkpoint", help="Start on an empty checkpoint although an earlier run's output is in "
                                    "Kafka: every event is written again.")] = False,
+    accept_gap: Annotated[bool, typer.Option(
+        "--accept-gap", help="Start although raw records were deleted before the pipeline read them "
+                             "(kafka.accept_gap; bootstrap the tables first).")] = False,
     log_level: LogLevelOption = LogLevel.INFO,
     log_format: LogFormatOption = LogFormat.TEXT,
 ) -> None:
@@ -44,7 +47,8 @@ def pipeline(
     configure_logging(log_level.value, log_format.value)
     overrides = {"kafka.bootstrap_servers": bootstrap_servers, "server": server, "checkpoint": checkpoint,
                  "output.format": format, "spark.master": master, "metrics.port": metrics_port,
-                 "reset_checkpoint": reset_checkpoint or None}  # None: as the file says
+                 "reset_checkpoint": reset_checkpoint or None,  # None: as the file says
+                 "kafka.accept_gap": accept_gap or None}
     try:
         settings = load_config(config, overrides)
         try:

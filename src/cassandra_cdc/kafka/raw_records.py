@@ -126,6 +126,13 @@ def is_truncation(value: bytes) -> bool:
     return len(value) > FLAGS_OFFSET and bool(value[FLAGS_OFFSET] & FLAG_TRUNCATION)
 
 
+def segment_and_position(value: bytes) -> tuple[str, int]:
+    """The commit log segment file a raw record was read from and the position in it, from its header alone
+    (for messages naming a record)."""
+    _, _, cl_version, _, _, segment_id, position, _ = _HEADER.unpack_from(value)
+    return f"CommitLog-{cl_version}-{segment_id}.log", position
+
+
 def _decode_value(value: bytes) -> tuple[int, int, str, int, int, int, bytes]:
     """A raw record's flags, commit log version, node id, segment id, position, write time and body, its
     version and digest checked."""

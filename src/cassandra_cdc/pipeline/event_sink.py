@@ -107,6 +107,10 @@ TIMEOUT = 60.0
 # Kafka's default transaction.max.timeout.ms: the longest transaction its brokers accept unless raised.
 TRANSACTION_TIMEOUT_MS = 900_000
 COMMIT_ATTEMPTS = 3
+# The largest event record the sink produces, and its event topics take (max.message.bytes): an event holds a row
+# before and after, each up to a mutation Cassandra accepts (16 MiB by default), its blobs base64 in JSON (4/3);
+# below the brokers' socket.request.max.bytes (100 MiB by default), which bounds a produce request.
+EVENT_RECORD_BYTES = 64 << 20
 
 
 class SinkError(RuntimeError):
@@ -144,6 +148,7 @@ class SinkSettings:
             # state partition's task lands in another Python worker than last batch.
             # Reconnections after a failure still back off exponentially, to reconnect.backoff.max.ms.
             "reconnect.backoff.ms": 10,
+            "message.max.bytes": EVENT_RECORD_BYTES,
         }
         config.update(self.producer)
         config.update(settings)
@@ -199,7 +204,8 @@ class TaskSink(ABC):
             return
         if self.settings.topic_partitions is not None and topic not in _EXISTING_TOPICS:
             compacted = self.settings.compact_topics and topic not in self.settings.uncompacted_topics
-            ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions, compacted)
+            ensure_topic(self.settings.admin_settings(), topic, self.settings.topic_partitions, compacted,
+                         {"max.message.bytes": str(self.settings.producer_settings()["message.max.bytes"])})
             _EXISTING_TOPICS.add(topic)
         try:
             while True:

@@ -37,6 +37,10 @@ class KafkaSettings(KafkaConnection, _Section):
         "Java client's."))
     producer: dict[str, Any] = Field(default_factory=dict, description="Extra librdkafka producer settings, "
                                      "over what kafka.security sets.")
+    accept_gap: bool = Field(
+        False, description="Start although raw records were deleted (retention) before the pipeline read them: the "
+                           "gap is logged and counted, and the Kafka source skips what is gone for this run. Set it "
+                           "once, after bootstrapping the tables; without it the pipeline does not start.")
 
 
 class SparkSettings(_Section):

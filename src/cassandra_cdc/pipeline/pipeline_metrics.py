@@ -10,15 +10,13 @@ between the offsets the last micro-batch read to and the partition's end.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter as CounterMetric, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from pyspark import Accumulator, AccumulatorParam
@@ -31,6 +29,7 @@ from ..kafka.outage import names_unreachable_kafka
 from ..kafka.security import LibrdkafkaLog
 from ..observability import component_registry
 from .pipeline_config import PipelineConfig
+from .raw_topic_gap import source_offsets
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +94,9 @@ class PipelineMetrics:
         self.behind = Gauge("cassandra_cdc_pipeline_behind_records",
                             "Records of a raw topic partition after the offsets the last micro-batch read to",
                             ["partition"], registry=r)
+        self.raw_records_deleted = CounterMetric(
+            "cassandra_cdc_pipeline_raw_records_deleted",
+            "Raw topic offsets deleted before the pipeline read them (a gap, found when it starts)", registry=r)
         r.register(_TallyCollector(self.tally))
         self._topic = config.raw_topic
         # Only asks where partitions end: never joins a group nor commits.
@@ -124,7 +126,7 @@ class PipelineMetrics:
             if duration_ms is not None:
                 self.batch_duration.observe(duration_ms / 1000)
             for source in progress["sources"]:
-                self._read_to.update(_partition_offsets(source["endOffset"], self._topic))
+                self._read_to.update(source_offsets(source["endOffset"], self._topic))
         if time.monotonic() - self._ends_at >= ENDS_REFRESH_SECONDS:
             self._ends_at = time.monotonic()
             self._measure_behind()
@@ -161,17 +163,6 @@ class PipelineMetrics:
         # refresh.
         level = logging.DEBUG if names_unreachable_kafka(str(error)) else logging.WARNING
         log.log(level, "cannot measure how far behind the pipeline is: cannot read %s", what)
-
-
-def _partition_offsets(end_offset: Any, topic: str) -> dict[int, int]:
-    """Per partition, the offset a source's progress says it read to: Spark's kafka source writes
-    ``{"<topic>": {"<partition>": offset}}``, ours ``{"<partition>": offset}``."""
-    offsets = json.loads(end_offset) if isinstance(end_offset, str) else end_offset
-    if not isinstance(offsets, dict):
-        return {}
-    offsets = offsets.get(topic, offsets)
-    return {int(partition): int(offset) for partition, offset in offsets.items()
-            if str(partition).isdigit() and isinstance(offset, int)}
 
 
 class _TallyCollector(Collector):

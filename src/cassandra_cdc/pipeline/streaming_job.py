@@ -13,18 +13,22 @@ import re
 import signal
 import threading
 import time
+from typing import Callable
 
 from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
 from pyspark import Accumulator
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from ..kafka.admin import admin_client
 from ..kafka.outage import KafkaOutage, names_unreachable_kafka, unreachable
 from ..kafka.security import KafkaUnreachable, broker_metadata
 from ..observability import serve_metrics
 from .checkpoint_files import CheckpointFiles, checkpoint_files
+from .raw_topic_gap import RawTopicGap, RawTopicGapError, check_retention, find_gap, resume_offsets
 from .pipeline_config import ConfigError, PipelineConfig
 from .change_processor import OUTPUT_SCHEMA, ChangeProcessor, ProcessorSettings
 from .event_sink import SinkSettings, partitions_committed
@@ -63,9 +67,10 @@ def read_raw(spark: SparkSession, config: PipelineConfig) -> tuple[DataFrame, So
     # failOnDataLoss stays true (both sources' default), deliberately: with false, offsets a source cannot
     # find (a broker back without them) are taken for lost data and skipped. Kafka out of reach fails the
     # query instead (Spark's source after its fetchOffset.numRetries and kafkaConsumer.pollTimeoutMs), and
-    # ``run`` waits for Kafka, then resumes from the checkpoint.
+    # ``run`` waits for Kafka, then resumes from the checkpoint. Only a gap the configuration accepts
+    # (raw_topic_gap.py) is skipped.
     options = {"subscribe": config.raw_topic, "startingOffsets": kafka.starting_offsets,
-               "failOnDataLoss": "true",
+               "failOnDataLoss": "false" if kafka.accept_gap else "true",
                "maxOffsetsPerTrigger": str(kafka.max_offsets_per_trigger),
                **{f"kafka.{name}": str(value) for name, value in client.items()}}
     if builtin:
@@ -244,9 +249,13 @@ def check_checkpoint_logs(files: CheckpointFiles) -> None:
 
 
 def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None,
-                     kafka_timeout: float = METADATA_TIMEOUT) -> None:
+                     kafka_timeout: float = METADATA_TIMEOUT, on_gap: Callable[[RawTopicGap], None] | None = None
+                     ) -> None:
     """What ``start`` checks before it starts the query. The CLI calls it before Spark starts too, when
-    only a local checkpoint can be checked: a checkpoint elsewhere is checked once the session exists."""
+    only a local checkpoint can be checked: a checkpoint elsewhere is checked once the session exists.
+
+    With ``on_gap`` (``start``'s check), the raw topic too: its retention, and whether records the query
+    has still to read are gone (``on_gap`` gets the gap; ``RawTopicGapError`` unless kafka.accept_gap)."""
     files = checkpoint_files(config.checkpoint, spark)
     if files is None:
         return
@@ -254,15 +263,32 @@ def check_checkpoint(config: PipelineConfig, spark: SparkSession | None = None,
     try:
         partitions = raw_topic_partitions(config, kafka_timeout)
         check_not_restarted_from_scratch(files, config)
+        gap = None
+        if on_gap is not None:
+            admin = admin_client(config.kafka.librdkafka(config.kafka.consumer))
+            check_retention(admin, config.raw_topic, kafka_timeout)
+            gap = raw_topic_gap(files, config, admin, kafka_timeout)
     except KafkaException as error:
         message = f"cannot reach Kafka at {config.kafka.bootstrap_servers}: {error}"
         raise (KafkaUnreachable if unreachable(error) else ConfigError)(message) from error
     check_state_layout(files, config, partitions)
+    if gap is not None and on_gap is not None:
+        on_gap(gap)
+        if not config.kafka.accept_gap:
+            raise RawTopicGapError(gap)
+        log.warning("%s; reading on past it (kafka.accept_gap)", gap.describe())
 
 
-def start(spark: SparkSession, config: PipelineConfig,
-          tally: Accumulator[PipelineTally] | None = None) -> StreamingQuery:
-    check_checkpoint(config, spark)
+def raw_topic_gap(files: CheckpointFiles, config: PipelineConfig, admin: AdminClient,
+                  timeout: float) -> RawTopicGap | None:
+    """The raw records deleted before the query read them, if any (raw_topic_gap.py)."""
+    resume = resume_offsets(files, config.raw_topic)
+    return None if resume is None else find_gap(admin, config.raw_topic, resume, timeout)
+
+
+def start(spark: SparkSession, config: PipelineConfig, tally: Accumulator[PipelineTally] | None = None,
+          on_gap: Callable[[RawTopicGap], None] = lambda gap: None) -> StreamingQuery:
+    check_checkpoint(config, spark, on_gap=on_gap)
     query = (change_events(spark, config, tally).writeStream
              .queryName(query_name(config.server))
              .format("noop")
@@ -301,12 +327,14 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
     outage = KafkaOutage(config.kafka.bootstrap_servers,
                          "the pipeline waits for it, then resumes from its checkpoint", log)
     failure: Exception | None = None
+    gap: RawTopicGap | None = None
     retries_without_progress = 0
     try:
         while not terminated.is_set() and time.monotonic() < deadline:
             try:
                 raw_topic_partitions(config, KAFKA_PROBE_TIMEOUT)  # Kafka answers: the query can start
-                query = start(spark, config, metrics.tally)
+                query = start(spark, config, metrics.tally,
+                              lambda found: metrics.raw_records_deleted.inc(found.records))
             except KafkaUnreachable as error:
                 outage.down(str(error))
                 terminated.wait(min(KAFKA_RETRY_SECONDS, max(0.0, deadline - time.monotonic())))
@@ -322,15 +350,35 @@ def run(config: PipelineConfig, duration: float | None = None) -> int:
                 break
             outage.down("the streaming query failed for it")
             failure = None
+        # A query that failed on records deleted before it read them: said as at a start, with the remedy.
+        gap = None if failure is None else _gap_after_failure(spark, config)
+        if gap is not None:
+            metrics.raw_records_deleted.inc(gap.records)
     finally:
         metrics.stopped()
         if server is not None:
             server.stop()
+    if gap is not None:
+        log.error("the pipeline stopped: %s", gap.describe())
+        return 1
     if failure is not None:
         log.error("the pipeline failed: %s (checkpoint %s); once the cause is fixed, start it again: it "
                   "resumes from its checkpoint", failure_cause(failure), config.checkpoint)
         return 1
     return 0
+
+
+def _gap_after_failure(spark: SparkSession, config: PipelineConfig) -> RawTopicGap | None:
+    """A gap in the raw topic past where the failed query resumes (retention deleted records while it was
+    behind); None when there is none or Kafka does not tell."""
+    files = checkpoint_files(config.checkpoint, spark)
+    if files is None or config.kafka.accept_gap:
+        return None
+    try:
+        return raw_topic_gap(files, config, admin_client(config.kafka.librdkafka(config.kafka.consumer)),
+                             KAFKA_PROBE_TIMEOUT)
+    except KafkaException:
+        return None
 
 
 def _serve(query: StreamingQuery, metrics: PipelineMetrics, terminated: threading.Event,

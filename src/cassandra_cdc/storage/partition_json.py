@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 from ..schema.model import ColumnMetadata, TableMetadata
-from ..schema.types import CqlType
+from ..schema.types import CqlType, json_text
 from .cells import Cell, ComplexColumn, DeletionTime, LivenessInfo
 from .counters import counter_value
 from .partition_update import PartitionUpdate
@@ -60,6 +60,15 @@ def _named_values(columns: tuple[ColumnMetadata, ...], values: Clustering | list
             raise KeyDecodeError(f"primary key column {column.name}: {error} "
                                  "(is that its type in the schema?)")
     return named
+
+
+def partition_key_text(table: TableMetadata, key: bytes) -> str:
+    """A partition key as JSON, e.g. ``{"id": 7}``, for messages; its bytes in hex when its types do not
+    decode it."""
+    try:
+        return json_text(_named_values(table.partition_key, table.split_partition_key(key)))
+    except ValueError:
+        return f"0x{key.hex()}"
 
 
 def render_cell(cell: Cell) -> dict[str, Any]:
