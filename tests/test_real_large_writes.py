@@ -156,7 +156,7 @@ def test_large_writes_are_published_whole_and_cut_when_the_limit_stays_low(
         cut.start_agents()
         start_line = next(line for line in whole.agents[0].log_path.read_text().splitlines()
                           if "record size:" in line)
-        assert ("the node's max_mutation_size is 16,777,216 bytes (system_views.settings of 127.0.0.1)"
+        assert ("the node's max_mutation_size is 16,777,216 bytes (node 127.0.0.1)"
                 in start_line)
         assert "every mutation goes whole in one record" in start_line
         cut_line = next(line for line in cut.agents[0].log_path.read_text().splitlines() if "record size:" in line)

@@ -167,6 +167,11 @@ class AgentConfig(ServerTopics, _Section):
         None, description="The node's cdc_block_writes (false: it deletes its oldest CDC segments when "
                           "cdc_raw is full): read from the node, as cdc_total_space.",
         json_schema_extra={"default_text": "the node's; true with schema.file"})
+    max_mutation_size_mb: int | None = Field(
+        None, ge=1, description="The node's max_mutation_size in MiB, which sizes the raw topic's "
+                                "max.message.bytes and the producer's message.max.bytes: read from the node, as "
+                                "cdc_total_space.",
+        json_schema_extra={"default_text": "the node's; half of commitlog_segment_size_mb with schema.file"})
     space_warning_percent: int = Field(80, ge=1, le=100,
                                        description="Warn when cdc_raw uses this much of cdc_total_space "
                                                    "(and, whatever this says, one segment before the node "
@@ -191,11 +196,6 @@ class AgentConfig(ServerTopics, _Section):
                                 "Cassandra skips a dropped table's. Also how long after a schema change "
                                 "the node logged, and a read did not show, records are checked against the "
                                 "schema and one that needs a newer definition waits for it.")
-    max_mutation_size_mb: int | None = Field(
-        None, ge=1, description="The node's max_mutation_size, which sizes the raw topic's max.message.bytes "
-                                "and the producer's message.max.bytes. Default: read from the node beside the "
-                                "agent (system_views.settings) with schema.cassandra, else Cassandra's default "
-                                "(16: half of the default 32 MiB commitlog_segment_size).")
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

@@ -1,15 +1,17 @@
-"""The node's own CDC settings, read by CQL from ``system_views.settings`` of the node beside the agent.
+"""The node's own settings, read by CQL from ``system_views.settings`` of the node beside the agent.
 
-What the agent does about space and loss depends on them: Cassandra acts once ``cdc_raw`` plus a new segment
-would exceed ``cdc_total_space``; with ``cdc_block_writes: true`` (the default, and the only behaviour of 4.0)
-it then rejects writes to CDC tables, with ``false`` (4.1+) it deletes its oldest segments in ``cdc_raw``,
-published or not. Reading them from the node spares the operator repeating them in the agent's
-configuration, where they would drift. With a schema file there is no CQL connection: the configuration's
-values (or Cassandra's defaults) stand in.
+``max_mutation_size`` sizes the raw topic's records (``record_size.py``). What the agent does about space and
+loss depends on the others: Cassandra acts once ``cdc_raw`` plus a new segment would exceed
+``cdc_total_space``; with ``cdc_block_writes: true`` (the default, and the only behaviour of 4.0) it then rejects
+writes to CDC tables, with ``false`` (4.1+) it deletes its oldest segments in ``cdc_raw``, published or not.
+Reading them from the node spares the operator repeating them in the agent's configuration, where they would
+drift. With a schema file there is no CQL connection: the configuration's values (or Cassandra's defaults)
+stand in.
 
-4.1 and 5.0 name the settings ``cdc_total_space`` and ``commitlog_segment_size`` with a unit
-(``4096MiB``); 4.0 names them ``cdc_total_space_in_mb`` and ``commitlog_segment_size_in_mb`` (a number of
-MiB) and has no ``cdc_block_writes``.
+4.1 and 5.0 name the sizes ``cdc_total_space``, ``commitlog_segment_size`` and ``max_mutation_size`` with a
+unit (``4096MiB``); 4.0 names them ``cdc_total_space_in_mb``, ``commitlog_segment_size_in_mb`` and
+``max_mutation_size_in_kb`` (a number of the unit the name says) and has no ``cdc_block_writes``. Unset,
+``max_mutation_size`` is half of ``commitlog_segment_size``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,12 @@ DEFAULT_CDC_TOTAL_SPACE_MIB = 4096
 DEFAULT_COMMITLOG_SEGMENT_SIZE_MIB = 32
 
 CONFIGURED = "the agent's configuration"
-_NAMES = ("cdc_enabled", "cdc_block_writes", "cdc_total_space", "cdc_total_space_in_mb",
-          "commitlog_segment_size", "commitlog_segment_size_in_mb")
+# Each size setting by its names: 4.1+'s, then 4.0's (whose suffix says its unit).
+_SIZES = {"cdc_total_space": "cdc_total_space_in_mb", "commitlog_segment_size": "commitlog_segment_size_in_mb",
+          "max_mutation_size": "max_mutation_size_in_kb"}
+_NAMES = ("cdc_enabled", "cdc_block_writes", *_SIZES, *_SIZES.values())
 _UNITS = {"B": 1, "KiB": 1024, "MiB": MIB, "GiB": 1024 * MIB}
+_NAMED_UNITS = {"_in_kb": 1024, "_in_mb": MIB}
 _DATA_STORAGE = re.compile(r"\s*([0-9]+)\s*(B|KiB|MiB|GiB)\s*")
 
 
@@ -42,6 +47,7 @@ class NodeSettings:
     cdc_block_writes: bool
     cdc_total_space: int  # bytes
     commitlog_segment_size: int  # bytes
+    max_mutation_size: int  # bytes
     source: str  # where they come from, for the log: "node 127.0.0.1" or "the agent's configuration"
 
     @property
@@ -63,18 +69,22 @@ class NodeSettings:
 
 def configured_settings(config: AgentConfig) -> NodeSettings:
     """The settings the agent's configuration gives (Cassandra's defaults for those it does not)."""
+    segment = (config.commitlog_segment_size_mb or DEFAULT_COMMITLOG_SEGMENT_SIZE_MIB) * MIB
     return NodeSettings(
         cdc_enabled=True,
         cdc_block_writes=config.cdc_block_writes if config.cdc_block_writes is not None else True,
         cdc_total_space=(config.cdc_total_space_mb or DEFAULT_CDC_TOTAL_SPACE_MIB) * MIB,
-        commitlog_segment_size=(config.commitlog_segment_size_mb or DEFAULT_COMMITLOG_SEGMENT_SIZE_MIB) * MIB,
+        commitlog_segment_size=segment,
+        max_mutation_size=config.max_mutation_size_mb * MIB if config.max_mutation_size_mb else segment // 2,
         source=CONFIGURED)
 
 
 def parse_data_storage(name: str, text: str) -> int:
-    """Bytes of a Cassandra data storage setting (``256MiB``; 4.0's ``*_in_mb`` settings: a number of MiB)."""
-    if name.endswith("_in_mb") and text.strip().isdigit():
-        return int(text) * MIB
+    """Bytes of a Cassandra data storage setting (``256MiB``; 4.0's ``*_in_mb`` and ``*_in_kb`` settings: a
+    number of the unit the name says)."""
+    unit = next((size for suffix, size in _NAMED_UNITS.items() if name.endswith(suffix)), None)
+    if unit is not None and text.strip().isdigit():
+        return int(text) * unit
     match = _DATA_STORAGE.fullmatch(text)
     if match is None:
         raise ValueError(f"system_views.settings: {name} = {text!r} is not a size such as 256MiB")
@@ -83,17 +93,21 @@ def parse_data_storage(name: str, text: str) -> int:
 
 def parse_settings(rows: Mapping[str, str | None], source: str) -> NodeSettings:
     """NodeSettings from ``system_views.settings`` rows (name -> value)."""
-    def size(name: str) -> int:
-        for key in (name, f"{name}_in_mb"):
+    sizes: dict[str, int] = {}
+    for name, old_name in _SIZES.items():
+        for key in (name, old_name):
             value = rows.get(key)
-            if value is not None:
-                return parse_data_storage(key, value)
-        raise ValueError(f"system_views.settings has no {name} (nor {name}_in_mb)")
-
+            if value not in (None, "", "null"):
+                sizes[name] = parse_data_storage(key, value)  # type: ignore[arg-type]
+                break
+    for name in ("cdc_total_space", "commitlog_segment_size"):
+        if name not in sizes:
+            raise ValueError(f"system_views.settings has no {name} (nor {_SIZES[name]})")
+    segment = sizes["commitlog_segment_size"]
     return NodeSettings(cdc_enabled=(rows.get("cdc_enabled") or "false").lower() == "true",
                         cdc_block_writes=(rows.get("cdc_block_writes") or "true").lower() == "true",
-                        cdc_total_space=size("cdc_total_space"),
-                        commitlog_segment_size=size("commitlog_segment_size"), source=source)
+                        cdc_total_space=sizes["cdc_total_space"], commitlog_segment_size=segment,
+                        max_mutation_size=sizes.get("max_mutation_size", segment // 2), source=source)
 
 
 def read_node_settings(settings: CassandraSchemaSource) -> NodeSettings:
@@ -113,14 +127,14 @@ def read_node_settings(settings: CassandraSchemaSource) -> NodeSettings:
 
 def check_against_configuration(node: NodeSettings, config: AgentConfig) -> None:
     """Say where the configuration repeats a setting with another value than the node's (the node's wins)."""
-    given = {"cdc_total_space_mb": (config.cdc_total_space_mb, node.cdc_total_space // MIB),
-             "commitlog_segment_size_mb": (config.commitlog_segment_size_mb,
-                                           node.commitlog_segment_size // MIB),
+    given = {"cdc_total_space_mb": (config.cdc_total_space_mb, node.cdc_total_space / MIB),
+             "commitlog_segment_size_mb": (config.commitlog_segment_size_mb, node.commitlog_segment_size / MIB),
+             "max_mutation_size_mb": (config.max_mutation_size_mb, node.max_mutation_size / MIB),
              "cdc_block_writes": (config.cdc_block_writes, node.cdc_block_writes)}
     for key, (configured, actual) in given.items():
         if configured is not None and configured != actual:
             log.warning("%s is %s in the agent's configuration but %s on %s: the node's value is used", key,
-                        configured, actual, node.source)
+                        configured, f"{actual:g}" if isinstance(actual, float) else actual, node.source)
 
 
 def warn_about(node: NodeSettings) -> None:

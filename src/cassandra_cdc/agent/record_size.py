@@ -4,7 +4,7 @@ Cassandra accepts a mutation up to its ``max_mutation_size`` (half of ``commitlo
 16 MiB with the default 32 MiB segments). Kafka stores a record up to the raw topic's ``max.message.bytes``
 (the broker's ``message.max.bytes``, about 1 MB, unless the topic has its own), and librdkafka produces one
 up to the producer's ``message.max.bytes`` (1,000,000 by default). So at start the agent learns the node's
-``max_mutation_size`` (``system_views.settings`` of the node beside it, with ``schema.cassandra``), creates the
+``max_mutation_size`` (``NodeSettings``: ``system_views.settings`` of the node beside it), creates the
 raw topic with a ``max.message.bytes`` that takes any mutation of that size, raises an existing topic's lower
 one (IncrementalAlterConfigs), sets its producer's ``message.max.bytes`` to match, and says in one line what
 the limits are and what it will do. Every update then goes whole in one record: its events are those of
@@ -20,7 +20,6 @@ stops the agent with one line naming it, the limits and the remedy (``RecordTooL
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaException
@@ -31,12 +30,8 @@ from ..schema import Schema, TableMetadata
 from ..storage import DataInput, DataOutput, PartitionUpdate, PartitionUpdateSerializer
 from ..storage.partition_json import partition_key_text
 from ..storage.partition_split import RecordLimits, split_partition
-from .agent_config import CassandraSchemaSource
-from .tables import cql_cluster, driver_log_at_debug
 
 
-# Cassandra's commitlog_segment_size default (32 MiB) and its max_mutation_size then.
-DEFAULT_MAX_MUTATION_BYTES = 16 << 20
 # What a record needs beyond its partition update: the raw record's header and node id, its Kafka key (a
 # partition key is at most 64 KiB), the record batch's framing, and what LZ4 adds to data it cannot compress
 # (at most 1/255 of it, plus its frame).
@@ -44,9 +39,6 @@ RECORD_HEADROOM = 1 << 20
 TOPIC_MAX_MESSAGE_BYTES = "max.message.bytes"
 PRODUCER_MESSAGE_MAX_BYTES = "message.max.bytes"
 
-_STORAGE_UNITS = {"": 1, "B": 1, "KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30}
-_SETTING_NAMES = {"max_mutation_size": 1, "max_mutation_size_in_kb": 1 << 10,  # 4.0 names their units
-                  "commitlog_segment_size": 1, "commitlog_segment_size_in_mb": 1 << 20}
 
 
 class RecordTooLarge(RuntimeError):
@@ -63,39 +55,6 @@ def usable_record_bytes(limit: int) -> int:
     """Key and value bytes of the largest record a limit takes, once the batch's framing and LZ4's growth
     are counted."""
     return limit - limit // 255 - 1024
-
-
-def read_max_mutation_size(settings: CassandraSchemaSource) -> int:
-    """The ``max_mutation_size`` of the node beside the agent (the first contact point), in bytes, from its
-    ``system_views.settings`` (Cassandra 4.0+): the setting, or half of ``commitlog_segment_size`` when it
-    has none. Raises the driver's error (or ``OSError``, ``ValueError``) when the node does not tell."""
-    node = settings.contact_points[0]
-    with driver_log_at_debug():
-        cluster = cql_cluster(settings, only_node=node)
-        try:
-            session = cluster.connect()
-            names = ", ".join(f"'{name}'" for name in _SETTING_NAMES)
-            rows = session.execute(f"SELECT name, value FROM system_views.settings WHERE name IN ({names})")
-            values = {row.name: _storage_bytes(row.value, _SETTING_NAMES[row.name]) for row in rows
-                      if row.value not in (None, "", "null")}
-        finally:
-            cluster.shutdown()
-    for name in ("max_mutation_size", "max_mutation_size_in_kb"):
-        if name in values:
-            return values[name]
-    for name in ("commitlog_segment_size", "commitlog_segment_size_in_mb"):
-        if name in values:
-            return values[name] // 2
-    raise ValueError(f"system_views.settings of {node} has neither max_mutation_size nor commitlog_segment_size")
-
-
-def _storage_bytes(text: str, unit: int) -> int:
-    """``16384KiB`` (4.1+), or a number in the unit its 4.0 name says, as bytes."""
-    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?i?B)?\s*", text, re.IGNORECASE)
-    if match is None:
-        raise ValueError(f"not a data size: {text!r}")
-    suffix = (match.group(2) or "").upper()
-    return int(match.group(1)) * (_STORAGE_UNITS[suffix] if suffix else unit)
 
 
 @dataclass(frozen=True)
@@ -211,6 +170,5 @@ def describe_update(table: TableMetadata | None, key: bytes) -> str:
     return f"table {table.qualified_name}, partition key {partition_key_text(table, key[16:])}"
 
 
-__all__ = ["DEFAULT_MAX_MUTATION_BYTES", "RecordLimit", "RecordTooLarge", "cut_to_fit", "describe_update",
-           "raise_topic_limit", "read_max_mutation_size", "required_record_bytes",
-           "usable_record_bytes"]
+__all__ = ["RecordLimit", "RecordTooLarge", "cut_to_fit", "describe_update", "raise_topic_limit",
+           "required_record_bytes", "usable_record_bytes"]

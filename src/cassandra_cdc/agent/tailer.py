@@ -48,9 +48,8 @@ from .node_settings import (NodeSettings, check_against_configuration, configure
                             read_node_settings, warn_about)
 from .positions import PositionStore, StateError
 from .quarantine import WHOLE_SEGMENT_DAMAGE, Quarantine, damage_position
-from .record_size import (DEFAULT_MAX_MUTATION_BYTES, PRODUCER_MESSAGE_MAX_BYTES, TOPIC_MAX_MESSAGE_BYTES,
-                          RecordLimit, RecordTooLarge, cut_to_fit, describe_update, read_max_mutation_size,
-                          required_record_bytes)
+from .record_size import (PRODUCER_MESSAGE_MAX_BYTES, TOPIC_MAX_MESSAGE_BYTES, RecordLimit, RecordTooLarge,
+                          cut_to_fit, describe_update, required_record_bytes)
 from .schema_publisher import SchemaPublisher
 from .segment_cleanup import SegmentCleanup
 from .segment_keys import ensure_key, key_error, load_keystore
@@ -86,7 +85,13 @@ class Agent:
         self.tables = TableRegistry(config)
         self.keystore = load_keystore(config)
         self._check_keys()
-        self._max_mutation_bytes, self._max_mutation_source = self._max_mutation_size()
+        self.node_settings: NodeSettings = configured_settings(config)
+        self._node_settings_read_at: float | None = None  # when the node answered (monotonic); None: not yet
+        self._last_node_settings_try = 0.0
+        self._read_node_settings()
+        # The producer's record size is set once, from the node's max_mutation_size as read now.
+        self._max_mutation_bytes, self._max_mutation_source = (self.node_settings.max_mutation_size,
+                                                               self.node_settings.source)
         producer = config.kafka.librdkafka(config.kafka.producer)
         producer.setdefault(PRODUCER_MESSAGE_MAX_BYTES, required_record_bytes(self._max_mutation_bytes))
         self._producer_record_bytes = int(producer[PRODUCER_MESSAGE_MAX_BYTES])
@@ -101,8 +106,6 @@ class Agent:
         self.cleanup = SegmentCleanup(config.cleanup, self.quarantine)
         self.schemas = SchemaPublisher(self.publisher, config.schema_topic, config.node_id, self._stopping,
                                        self._while_blocked)
-        self.node_settings: NodeSettings = configured_settings(config)
-        self._node_settings_read_at: float | None = None  # when the node answered (monotonic); None: not yet
         self.space = SpaceWatch(config.space_warning_percent, self.metrics)
         self.losses = LossWatch(self.positions, self.metrics, config.segment_loss == "stop",
                                 lambda: self.node_settings, self.tables.published_names)
@@ -114,7 +117,7 @@ class Agent:
         # Records sent since the segment being read took its last checkpoint, per table (DEAD_LETTERS: dead
         # letters).
         self._sent: defaultdict[str, int] = defaultdict(int)
-        self._last_flush = self._last_census = self._last_node_settings_try = 0.0
+        self._last_flush = self._last_census = 0.0
         self._kafka_reachable = True
         self._tailing = False  # the topics exist and cdc_raw is read: ready, while Kafka is reachable
 
@@ -160,7 +163,6 @@ class Agent:
         return None
 
     def _run(self) -> int:
-        self._read_node_settings()
         try:
             self._check_segments_at_start()
         except SegmentsLost as error:
@@ -274,20 +276,6 @@ class Agent:
                             refusal, self._producer_record_bytes)
         (log.info if limit.fits_every_mutation else log.warning)("%s", limit.describe())
         self.record_limit, self._max_record_bytes = limit, limit.record_bytes
-
-    def _max_mutation_size(self) -> tuple[int, str]:
-        """The node's max_mutation_size in bytes, and where it comes from."""
-        if self.config.max_mutation_size_mb is not None:
-            return self.config.max_mutation_size_mb << 20, "max_mutation_size_mb"
-        cassandra = self.config.schema_.cassandra
-        if cassandra is None:
-            return DEFAULT_MAX_MUTATION_BYTES, "Cassandra's default; with schema.file, set max_mutation_size_mb"
-        node = cassandra.contact_points[0]
-        try:
-            return read_max_mutation_size(cassandra), f"system_views.settings of {node}"
-        except Exception as error:  # the driver's errors have no common base; the node's limit stays unknown
-            return DEFAULT_MAX_MUTATION_BYTES, (f"Cassandra's default: reading system_views.settings of {node} "
-                                                f"failed ({error}); set max_mutation_size_mb")
 
     def _describe_record(self, topic: str, key: bytes, value: bytes) -> str:
         """A record, for the line saying Kafka refused it: a raw record's segment, position, table and key."""
