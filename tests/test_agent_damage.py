@@ -355,6 +355,8 @@ def test_segment_deleted_while_being_read_is_reported_and_the_newer_ones_publish
         leftover = [f"{removed.path.stem}_cdc.idx"]
         wait_until(lambda: h.segment_files() == leftover, "the newer segment published and deleted")
         raw.poll(0.2)
+        # The agent looks at every segment in cdc_raw once a second: the loss is counted by then.
+        wait_until(lambda: metric(agent, "cassandra_cdc_agent_segments_lost_total") == 1, "the loss counted")
         assert metric(agent, "cassandra_cdc_agent_segments_lost_total") == 1
         assert metric(agent, "cassandra_cdc_agent_segments_unseen_total") == 0
     assert_published_exactly(raw, h.expected)

@@ -64,8 +64,8 @@ log = logging.getLogger(__name__)
 SHUTDOWN_FLUSH_SECONDS = 30.0
 # At startup, one attempt to reach Kafka (list and create topics) lasts this long; then it is tried again.
 STARTUP_KAFKA_TIMEOUT_SECONDS = 5.0
-# How often cdc_raw is looked at between passes (segments come and go, space used) while the agent
-# reads or waits.
+# How often the agent looks at every segment in cdc_raw (those come and go, and the space they use): a pass
+# reads only the segments it reaches, up to the first incomplete one.
 CENSUS_SECONDS = 1.0
 # While the node's settings could not be read (it did not answer), they are tried again this often.
 NODE_SETTINGS_RETRY_SECONDS = 30.0
@@ -314,7 +314,6 @@ class Agent:
         progressed = False
         self.tables.reload_if_changed()
         segments = list_segments(self.config.cdc_raw)
-        self._census(segments)
         for index, segment in enumerate(segments):
             if self._stopping.is_set():
                 break
