@@ -262,9 +262,10 @@ class ChangeProcessor(StatefulProcessor):
             return
         digest = stored_digest(value)
         # Seen before decoding: most records are another replica's copy of an update already merged.
-        if partitions.seen(record_key, digest):
+        page = partitions.page(record_key)
+        if page.seen(record_key, digest):
             return
-        state = partitions.get(record_key)
+        state = page.get(record_key)
         try:
             table, version, update = self._decode(record_key, record)
         except _Undecodable as error:
@@ -280,9 +281,9 @@ class ChangeProcessor(StatefulProcessor):
                         f"cannot merge the partition update of {table.qualified_name}: {error}")
             return
         if truncation is not None and only_deleted_by(merged, truncation):
-            partitions.remove(record_key)  # a write the truncation deleted: the group's truncation holds it
+            page.remove(record_key)  # a write the truncation deleted: the group's truncation holds it
         elif state is None:
-            partitions.add(record_key, merged)
+            page.add(record_key, merged)
         merged.remember(digest)
         source = Source(name=self.settings.server, cluster=self.settings.cluster, keyspace=table.keyspace,
                         table=table.name, ts_us=record.write_time, snapshot=record.snapshot, node=record.node_id,
@@ -662,17 +663,12 @@ class PagedGroup:
         if removed:
             self._pages_state.remove_all(removed)
 
-    def get(self, key: bytes) -> PartitionState | None:
-        return self._page(page_of(key, self._pages)).get(key)
-
-    def seen(self, key: bytes, digest: bytes | None) -> bool:
-        return self._page(page_of(key, self._pages)).seen(key, digest)
-
-    def add(self, key: bytes, state: PartitionState) -> None:
-        self._page(page_of(key, self._pages)).add(key, state)
+    def page(self, key: bytes) -> "PartitionPage":
+        """The page of a partition key, read if it is not yet."""
+        return self._page(page_of(key, self._pages))
 
     def remove(self, key: bytes) -> None:
-        self._page(page_of(key, self._pages)).remove(key)
+        self.page(key).remove(key)
 
     def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata) -> None:
         """Keep a truncation of a table, the table's newest, for its partitions held and to come, and apply
