@@ -23,22 +23,20 @@ the same function (``Cells.reconcile``, ``LivenessInfo.supersedes``, ``DeletionT
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable
 
 from ..storage.cells import EXPIRED_LIVENESS_TTL, Cell, DeletionTime, LivenessInfo
 from ..storage.counters import decode_counter_context
 from .clustering import Clustering
+from .row_state import CellState, Deletion, Liveness, RowState
+from .row_tree import RowTree
 
 NO_TIMESTAMP = -(1 << 63)
 
-Deletion = tuple[int, int]
-CellState = tuple[int, int, int | None, bytes | None]
-Liveness = tuple[int, int, int | None]
 Shard = tuple[int, int, int]
 Range = tuple[Clustering, bool, Clustering, bool, Deletion]  # start, inclusive, end, inclusive, deletion
 
-# ``RowState.stored()`` and ``PartitionState.stored()``: the states as builtins, in their constructors' order.
-StoredRow = tuple[Any, ...]
+# ``PartitionState.stored()``: the state as builtins, in its constructor's order.
 StoredState = tuple[Any, ...]
 
 RECENT_DIGESTS = 4  # RF copies arrive close together; a missed copy merges to no change anyway
@@ -164,51 +162,6 @@ def counter_value(column: list[Any], deleted: int) -> int | None:
 
 # --- state ------------------------------------------------------------------------------------------
 
-class RowState:
-    """One row (or the static row): liveness, deletion, simple cells, complex columns, counters."""
-
-    __slots__ = ("liveness", "deletion", "cells", "complex", "counters")
-
-    def __init__(self, liveness: Liveness | None = None, deletion: Deletion | None = None,
-                 cells: dict[str, CellState] | None = None, complex_: dict[str, list[Any]] | None = None,
-                 counters: dict[str, list[Any]] | None = None) -> None:
-        self.liveness = liveness
-        self.deletion = deletion
-        self.cells: dict[str, CellState] = cells or {}
-        self.complex: dict[str, list[Any]] = complex_ or {}
-        self.counters: dict[str, list[Any]] = counters or {}
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return RowState, self.stored()
-
-    def stored(self) -> StoredRow:
-        """The row as builtins only: ``RowState(*stored)`` makes it again."""
-        return self.liveness, self.deletion, self.cells or None, self.complex or None, self.counters or None
-
-    def is_empty(self) -> bool:
-        return (self.liveness is None and self.deletion is None and not self.cells and not self.complex
-                and not self.counters)
-
-    def expiring(self) -> Iterator[tuple[int, int]]:
-        """(ttl, expiry) of each expiring part: the liveness, cells and collection elements."""
-        if self.liveness is not None and self.liveness[2] is not None:
-            yield self.liveness[1], self.liveness[2]
-        for _, ttl, ldt, value in self.cells.values():
-            if ttl and value is not None:
-                yield ttl, ldt  # type: ignore[misc]
-        for _, elements in self.complex.values():
-            for _, ttl, ldt, value in elements.values():
-                if ttl and value is not None:
-                    yield ttl, ldt  # type: ignore[misc]
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, RowState) and self.stored() == other.stored()
-
-    def __repr__(self) -> str:
-        return (f"RowState(liveness={self.liveness}, deletion={self.deletion}, cells={self.cells}, "
-                f"complex={self.complex}, counters={self.counters})")
-
-
 class PartitionState:
     """Everything merged so far for one partition of one table.
 
@@ -222,38 +175,50 @@ class PartitionState:
 
     def __init__(self, key: bytes | None = None, deletion: Deletion | None = None,
                  ranges: list[Range] | None = None, static: RowState | None = None,
-                 rows: dict[Clustering, RowState] | None = None, clock: int | None = None,
+                 rows: dict[Clustering, RowState] | RowTree | None = None, clock: int | None = None,
                  next_event: int | None = None, digests: tuple[bytes, ...] = ()) -> None:
         self.key = key
         self.deletion = deletion
         self.ranges: list[Range] = ranges or []
         self.static = static
-        self.rows: dict[Clustering, RowState] = rows or {}
+        self.rows = rows if isinstance(rows, RowTree) else RowTree.of(rows or {})
         self.clock = clock
         self.next_event = next_event
         self.digests = digests
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return PartitionState, (self.key, self.deletion, self.ranges or None, self.static, self.rows or None,
-                                self.clock, self.next_event, self.digests)
+        """Pickled whole, every row read (the pipeline stores it with ``seal``, its rows in leaves)."""
+        return PartitionState, (self.key, self.deletion, self.ranges or None, self.static,
+                                dict(self.rows.items()) or None, self.clock, self.next_event, self.digests)
 
     def stored(self) -> StoredState:
-        """The state as builtins only, as the pipeline keeps it: pickled and unpickled in two thirds of the
-        time the objects take (no class to look up, no ``__reduce__`` to call per row). Without the digests,
-        which the pipeline keeps beside it: a replica's copy is then found merged without unpickling the
-        state."""
-        static = None if self.static is None else self.static.stored()
+        """The state of a partition whose rows are inline (``seal`` left no leaf apart) as builtins only, as
+        the pipeline keeps it: pickled and unpickled in two thirds of the time the objects take (no class to
+        look up, no ``__reduce__`` to call per row). Without the digests, which the pipeline keeps beside it:
+        a replica's copy is then found merged without unpickling the state."""
+        if not self.rows.inline:
+            raise ValueError("the rows of this partition are in leaves: seal() stores them")
         rows = {clustering: row.stored() for clustering, row in self.rows.items()} or None
+        return self._stored(rows)
+
+    def seal(self) -> tuple[StoredState, dict[int, bytes], list[int]]:
+        """The state as builtins (``stored``), its rows' root in place of its rows, and the leaves and inner
+        nodes of its rows to write (node id → bytes) and to remove (``RowTree.seal``)."""
+        root, written, removed = self.rows.seal(self.next_event)
+        return self._stored(root), written, removed
+
+    def _stored(self, rows: Any) -> StoredState:
+        static = None if self.static is None else self.static.stored()
         return self.key, self.deletion, self.ranges or None, static, rows, self.clock, self.next_event
 
     @staticmethod
-    def from_stored(stored: StoredState, digests: tuple[bytes, ...] = ()) -> "PartitionState":
-        """The state ``stored`` gave, with its ``digests`` (in ``stored`` itself when it was stored with them,
-        as before they were kept apart)."""
+    def from_stored(stored: StoredState, digests: tuple[bytes, ...] = (),
+                    load: Callable[[int], bytes] | None = None) -> "PartitionState":
+        """The state ``stored`` or ``seal`` gave, with its ``digests`` (in ``stored`` itself when it was stored
+        with them, as before they were kept apart); ``load`` reads its rows' nodes stored apart."""
         key, deletion, ranges, static, rows, clock, next_event = stored[:7]
         return PartitionState(key, deletion, ranges, None if static is None else RowState(*static),
-                              None if rows is None else {c: RowState(*row) for c, row in rows.items()},
-                              clock, next_event, stored[7] if len(stored) > 7 else digests)
+                              RowTree(rows, load), clock, next_event, stored[7] if len(stored) > 7 else digests)
 
     def seen(self, digest: bytes | None) -> bool:
         """Whether an update with this digest was applied recently (an RF copy or a replay)."""

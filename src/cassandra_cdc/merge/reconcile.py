@@ -31,7 +31,8 @@ from ..storage.rows import Row
 from ..schema.model import TableMetadata
 from .clustering import Clustering
 from .table_view import STATIC_CLUSTERING, RawRow, RawValues, TableView, table_view
-from .partition_state import (NO_TIMESTAMP, CellState, Deletion, PartitionState, Range, RowState, cell_state,
+from .row_state import CellState, Deletion, RowState
+from .partition_state import (NO_TIMESTAMP, PartitionState, Range, cell_state,
                     deleted_at, deletion_of, liveness_of, max_deletion, merge_counter, merge_liveness,
                     reconcile)
 
@@ -64,7 +65,7 @@ def apply(state: PartitionState, update: PartitionUpdate, table: TableMetadata, 
                          f"{state.key.hex()} ({table.qualified_name})")
     ranges = _ranges_of(update)
     state.key = bytes(update.key)
-    view = table_view(table)
+    view = _view_of(state, table)
     changes = _advance(state, view, now_seconds)
     changes += _Merge(state, view, update, ranges).run()
     state.remember(digest)
@@ -93,7 +94,7 @@ def expire(state: PartitionState, table: TableMetadata, now_seconds: int) -> lis
 
     Also purges tombstones older than ``gc_grace_seconds``; the state may then be empty.
     """
-    return _advance(state, table_view(table), now_seconds)
+    return _advance(state, _view_of(state, table), now_seconds)
 
 
 def next_expiry(state: PartitionState) -> int | None:
@@ -107,7 +108,7 @@ def next_expiry(state: PartitionState) -> int | None:
 def visible_rows(state: PartitionState, table: TableMetadata,
                  now_seconds: int) -> dict[Clustering, dict[str, Any]]:
     """The partition's rows as ``SELECT`` shows them at ``now_seconds`` (not before the state's clock)."""
-    view = table_view(table)
+    view = _view_of(state, table)
     if state.key is None:
         return {}
     now = now_seconds if state.clock is None else max(now_seconds, state.clock)
@@ -115,6 +116,13 @@ def visible_rows(state: PartitionState, table: TableMetadata,
     key_values = view.partition_key_values(state.key)
     ordered = sorted(raw, key=view.clustering_sort_key)
     return {c: view.decode_row(key_values, c, raw[c]) for c in ordered}  # type: ignore[misc]
+
+
+def _view_of(state: PartitionState, table: TableMetadata) -> TableView:
+    """The table's view, its clustering order given to the state's rows (to find a row's leaf)."""
+    view = table_view(table)
+    state.rows.order = view.clustering_sort_key
+    return view
 
 
 # --- transitions --------------------------------------------------------------------------------------
@@ -200,10 +208,11 @@ def _advance(state: PartitionState, view: TableView, now: int) -> list[RowChange
         return row is not None and any(then < expiry <= now for _, expiry in row.expiring())
 
     # Static values that expire change every row: ``_transitions`` sees that from the static values.
-    scope = [c for c, row in state.rows.items() if expires_between(row)]
+    due = state.rows.due(now)  # the rows of the leaves whose next event has come
+    scope = [c for c in due if expires_between(state.rows.get(c))]
     before, after = _Snapshot(state, view, scope, then), _Snapshot(state, view, scope, now)
     changes = _transitions(state, view, before, after, now)
-    _purge(state, view, None, now, gc=True)
+    _purge(state, view, due, now, gc=True)
     state.next_event = _next_event(state, view, now)
     return changes
 
@@ -220,6 +229,7 @@ class _Merge:
         self.update = update
         self.ranges = ranges
         self.now: int = state.clock  # type: ignore[assignment]
+        self._row: Clustering | None = None  # the clustering of the row being merged (None: the static row)
 
     def run(self) -> list[RowChange]:
         state, view, update, now = self.state, self.view, self.update, self.now
@@ -234,8 +244,7 @@ class _Merge:
         else:
             scope = set()
             for start, start_inclusive, end, end_inclusive, _ in ranges:
-                scope.update(c for c in state.rows if view.comparator.covers(start, start_inclusive, end,
-                                                                             end_inclusive, c))
+                scope.update(state.rows.covered(view.comparator, start, start_inclusive, end, end_inclusive))
         scope.update(row.clustering for row in rows)
 
         before = _Snapshot(state, view, scope, now)
@@ -245,12 +254,14 @@ class _Merge:
         for new in ranges:
             self._add_range(new)
         if update.static_row is not None:
+            self._row = None
             state.static = self._merge_row(state.static, update.static_row)
         for row in rows:
+            self._row = row.clustering
             state.rows[row.clustering] = self._merge_row(state.rows.get(row.clustering), row)
         after = _Snapshot(state, view, scope, now)
         changes = _transitions(state, view, before, after, now)
-        _purge(state, view, None if partition_deletion is not None or ranges else scope, now)
+        _purge(state, view, scope, now, header=partition_deletion is not None or bool(ranges))
         return changes
 
     # --- range tombstones -------------------------------------------------------------------------
@@ -281,11 +292,11 @@ class _Merge:
             liveness = liveness_of(row.liveness)
             target.liveness = merge_liveness(target.liveness, liveness)
             if liveness[2] is not None:
-                state.note_event(self._expiry_event(liveness[2], liveness[2]))
+                self._note(self._expiry_event(liveness[2], liveness[2]))
         deletion = deletion_of(row.deletion)
         if deletion is not None:
             target.deletion = max_deletion(target.deletion, deletion)
-            state.note_event(self._purgeable_at(deletion))
+            self._note(self._purgeable_at(deletion))
         for data in row.cells:
             name = data.column.name
             if isinstance(data, ComplexColumn):
@@ -295,7 +306,7 @@ class _Merge:
             elif data.column.type.is_counter:
                 merge_counter(target.counters.setdefault(name, [None, {}]), data)
                 if data.is_tombstone:
-                    state.note_event(self._purgeable_at((data.timestamp, data.local_deletion_time or 0)))
+                    self._note(self._purgeable_at((data.timestamp, data.local_deletion_time or 0)))
             else:
                 target.cells[name] = self._reconciled(target.cells.get(name), data)
         return target
@@ -311,7 +322,7 @@ class _Merge:
         entry = target.complex.setdefault(name, [None, {}])
         if deletion is not None:
             entry[0] = max_deletion(entry[0], deletion)
-            self.state.note_event(self._purgeable_at(deletion))
+            self._note(self._purgeable_at(deletion))
         elements = entry[1]
         for cell in cells:
             path = bytes(cell.path or b"")
@@ -322,10 +333,16 @@ class _Merge:
         winner = reconcile(current, new)
         if winner is new and new[2] is not None:
             if new[3] is None:
-                self.state.note_event(self._purgeable_at((new[0], new[2])))
+                self._note(self._purgeable_at((new[0], new[2])))
             else:
-                self.state.note_event(self._expiry_event(new[2], new[2] - new[1]))
+                self._note(self._expiry_event(new[2], new[2] - new[1]))
         return winner
+
+    def _note(self, when: int) -> None:
+        """Something of the row being merged expires or becomes purgeable at ``when``."""
+        self.state.note_event(when)
+        if self._row is not None:
+            self.state.rows.note_event(self._row, when)
 
     def _expiry_event(self, expiry: int, written: int) -> int:
         """When an expiring part next matters: at its expiry, or when it becomes purgeable after it."""
@@ -363,20 +380,22 @@ def _ranges_of(update: PartitionUpdate) -> list[Range]:
 
 # --- purging ------------------------------------------------------------------------------------------
 
-def _purge(state: PartitionState, view: TableView, scope: Iterable[Clustering] | None, now: int,
-           gc: bool = False) -> None:
+def _purge(state: PartitionState, view: TableView, scope: Iterable[Clustering], now: int, gc: bool = False,
+           header: bool = False) -> None:
     """Drop what no read can see any more: data shadowed by a deletion; with ``gc``, also tombstones and
     expired data older than ``gc_grace_seconds``, as compaction does (after the data they shadow, in the
-    same pass). Only ``scope``'s rows, or the whole partition when None (the only case ``gc`` is for)."""
-    gc_before = now - view.gc_grace if gc and scope is None else NO_TIMESTAMP
+    same pass). Only ``scope``'s rows (those a merge may have shadowed, or those whose next event has come:
+    nothing else can go), the static row, and with ``header`` or ``gc`` the partition's and ranges' deletions."""
+    gc_before = now - view.gc_grace if gc else NO_TIMESTAMP
     partition_deleted = deleted_at(state.deletion)
     if state.static is not None and _purge_row(state.static, partition_deleted, now, gc_before):
         state.static = None
-    clusterings = list(state.rows) if scope is None else [c for c in scope if c in state.rows]
-    for clustering in clusterings:
-        if _purge_row(state.rows[clustering], view.row_deletion(state, clustering, None), now, gc_before):
-            del state.rows[clustering]
-    if scope is None:
+    rows = state.rows
+    for clustering in scope:
+        row = rows.get(clustering)
+        if row is not None and _purge_row(row, view.row_deletion(state, clustering, None), now, gc_before):
+            del rows[clustering]
+    if header or gc:
         state.ranges = [r for r in state.ranges if r[4][0] > partition_deleted and r[4][1] >= gc_before]
         if state.deletion is not None and state.deletion[1] < gc_before:
             state.deletion = None
@@ -455,36 +474,42 @@ def _purge_cell(cell: CellState, deleted: int, now: int, gc_before: int) -> Cell
 
 
 def _next_event(state: PartitionState, view: TableView, now: int) -> int | None:
-    """When something next expires or becomes purgeable, by a scan of the whole state."""
+    """When something next expires or becomes purgeable: the partition's deletions and static row, and its
+    rows' (those of the leaves whose time had come worked out again, from their rows)."""
     grace = view.gc_grace
+    times = [deletion[1] + grace + 1 for deletion in [state.deletion] + [r[4] for r in state.ranges]
+             if deletion is not None]
+    if state.static is not None:
+        times.append(_row_next_event(state.static, grace, now))
+    times.append(state.rows.next_event(now, lambda row: _row_next_event(row, grace, now)))
+    future = [t for t in times if t is not None and t > now]
+    return min(future) if future else None
+
+
+def _row_next_event(row: RowState, grace: int, now: int) -> int | None:
+    """When something of a row next expires or becomes purgeable, after ``now``."""
     times: list[int] = []
-    for deletion in [state.deletion] + [r[4] for r in state.ranges]:
+    if row.deletion is not None:
+        times.append(row.deletion[1] + grace + 1)
+    liveness = row.liveness
+    if liveness is not None and liveness[2] is not None:
+        times.append(liveness[2] if liveness[2] > now else liveness[2] + grace + 1)
+    cells = list(row.cells.values())
+    for deletion, elements in row.complex.values():
         if deletion is not None:
             times.append(deletion[1] + grace + 1)
-    rows = list(state.rows.values()) + ([state.static] if state.static is not None else [])
-    for row in rows:
-        if row.deletion is not None:
-            times.append(row.deletion[1] + grace + 1)
-        liveness = row.liveness
-        if liveness is not None and liveness[2] is not None:
-            times.append(liveness[2] if liveness[2] > now else liveness[2] + grace + 1)
-        cells = list(row.cells.values())
-        for deletion, elements in row.complex.values():
-            if deletion is not None:
-                times.append(deletion[1] + grace + 1)
-            cells.extend(elements.values())
-        for _, ttl, ldt, value in cells:
-            if ldt is None:
-                continue
-            if value is None:
-                times.append(ldt + grace + 1)
-            else:
-                times.append(ldt if ldt > now else ldt - ttl + grace + 1)
-        for tombstone, _ in row.counters.values():
-            if tombstone is not None:
-                times.append(tombstone[1] + grace + 1)
-    future = [t for t in times if t > now]
-    return min(future) if future else None
+        cells.extend(elements.values())
+    for _, ttl, ldt, value in cells:
+        if ldt is None:
+            continue
+        if value is None:
+            times.append(ldt + grace + 1)
+        else:
+            times.append(ldt if ldt > now else ldt - ttl + grace + 1)
+    for tombstone, _ in row.counters.values():
+        if tombstone is not None:
+            times.append(tombstone[1] + grace + 1)
+    return min((t for t in times if t > now), default=None)
 
 
 __all__ = ["PartitionState", "RowChange", "apply", "delete_partition", "expire", "next_expiry",

@@ -19,7 +19,8 @@ from typing import Any, Callable, Sequence
 from ..schema.model import ColumnMetadata, TableMetadata
 from ..schema.types import PROTOCOL_VERSION, CqlType
 from .clustering import Clustering, ClusteringComparator, value_sort_key
-from .partition_state import (NO_TIMESTAMP, PartitionState, RowState, cell_is_live, counter_value, deleted_at,
+from .row_state import RowState
+from .partition_state import (NO_TIMESTAMP, PartitionState, cell_is_live, counter_value, deleted_at,
                     liveness_is_live)
 
 STATIC_CLUSTERING: Clustering = ()
