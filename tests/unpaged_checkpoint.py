@@ -20,14 +20,14 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from confluent_kafka import Producer
 
 from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, record_key
 from cassandra_cdc.kafka.schema_records import SchemaRecord
-from cassandra_cdc.schema import parse_schema
+from cassandra_cdc.schema import Schema, parse_schema
 from cassandra_cdc.simulator import Insert, to_mutation
 from test_pipeline_faults import read_all
 
@@ -45,8 +45,8 @@ NODES = ("node1", "node2", "node3")
 EVENTS = len(FIRST) + 1 + len(AFTER)  # the truncation's event once
 
 
-def settings(bootstrap_servers: str, checkpoint: Path) -> dict[str, Any]:
-    return {"server": SERVER, "checkpoint": str(checkpoint), "kafka.bootstrap_servers": bootstrap_servers,
+def settings(bootstrap_servers: str, checkpoint: Path, server: str = SERVER) -> dict[str, Any]:
+    return {"server": server, "checkpoint": str(checkpoint), "kafka.bootstrap_servers": bootstrap_servers,
             "kafka.source": "python", "spark.trigger_interval": "500 milliseconds"}
 
 
@@ -55,17 +55,19 @@ def producer(bootstrap_servers: str) -> Producer:
 
 
 def publish(bootstrap_servers: str, ops: list[Any], schema_record: bool = False,
-            nodes: tuple[str, ...] = NODES) -> None:
-    """Raw records as the agents of ``nodes`` publish them (one copy per replica), in order."""
+            nodes: tuple[str, ...] = NODES, server: str = SERVER, schema: Schema = SCHEMA) -> None:
+    """Raw records as the agents of ``nodes`` publish them (one copy per replica), in order; with
+    ``schema_record``, first the definition of each table of ``schema``."""
     out = producer(bootstrap_servers)
     if schema_record:
-        record = SchemaRecord.of(SCHEMA.table("app", "items"), "node1")
-        out.produce(SERVER, record.encode(), record.key)
+        for table in schema:
+            record = SchemaRecord.of(table, "node1")
+            out.produce(server, record.encode(), record.key)
     for position, op in enumerate(ops):
-        update = MutationSerializer.serialize(Mutation(to_mutation(op, SCHEMA).updates), 7)[1:]
+        update = MutationSerializer.serialize(Mutation(to_mutation(op, schema).updates), 7)[1:]
         for node in nodes:
             value = RawRecord(node, 1000, position, 7, op.timestamp, update).encode()
-            out.produce(f"{SERVER}.raw", value, record_key(update))
+            out.produce(f"{server}.raw", value, record_key(update))
         out.flush(30)  # one write at a time: the records' order in each partition is the same every run
 
 
@@ -86,30 +88,39 @@ def publish_checkpointed(bootstrap_servers: str) -> None:
     publish(bootstrap_servers, AFTER)
 
 
-def main(archive: Path) -> None:
+def archive_checkpoint(archive: Path, publish_records: Callable[[str], None], topic: str, events: int,
+                       server: str = SERVER) -> None:
+    """Publish ``publish_records``' records (given the broker's address) to a new broker, run the pipeline
+    until ``events`` events are on ``topic``, stop it and archive its checkpoint to ``archive``."""
     from cassandra_cdc.pipeline.pipeline_config import load_config
     from cassandra_cdc.pipeline.spark_session import spark_session
     from cassandra_cdc.pipeline.streaming_job import start
     from cassandra_cdc.simulator import EmbeddedBroker
 
     with tempfile.TemporaryDirectory() as directory, EmbeddedBroker(Path(directory) / "broker") as broker:
-        broker.create_topic(f"{SERVER}.raw", RAW_PARTITIONS)
-        publish_checkpointed(broker.bootstrap_servers)
+        broker.create_topic(f"{server}.raw", RAW_PARTITIONS)
+        publish_records(broker.bootstrap_servers)
         checkpoint = Path(directory) / "checkpoint"
         spark = spark_session("local[2]", "checkpoint-maker", 2)
-        query = start(spark, load_config(None, settings(broker.bootstrap_servers, checkpoint)))
+        query = start(spark, load_config(None, settings(broker.bootstrap_servers, checkpoint, server)))
         deadline = time.monotonic() + 300
-        while (len(read_all(broker.bootstrap_servers, f"{SERVER}.app.items")) < EVENTS
+        while (len(read_all(broker.bootstrap_servers, topic)) < events
                and time.monotonic() < deadline and query.isActive):
             time.sleep(1)
         time.sleep(5)  # the batch's state committed after its events
         query.stop()
         spark.stop()
-        written = len(read_all(broker.bootstrap_servers, f"{SERVER}.app.items"))
-        if query.exception() is not None or written != EVENTS:
-            sys.exit(f"no checkpoint archived: {written} events of {EVENTS}, {query.exception()}")
+        written = len(read_all(broker.bootstrap_servers, topic))
+        errors = len(read_all(broker.bootstrap_servers, f"{server}.errors"))
+        if query.exception() is not None or written != events or errors:
+            sys.exit(f"no checkpoint archived: {written} events of {events}, {errors} errors, "
+                     f"{query.exception()}")
         with tarfile.open(archive, "w:gz") as tar:
             tar.add(checkpoint, arcname="checkpoint")
+
+
+def main(archive: Path) -> None:
+    archive_checkpoint(archive, publish_checkpointed, f"{SERVER}.app.items", EVENTS)
 
 
 if __name__ == "__main__":
