@@ -746,13 +746,17 @@ def test_a_checkpoint_refuses_another_state_layout(tmp_path):
     (older / "cassandra-cdc-state.json").write_text(json.dumps({"version": 2, "state.buckets": 64}))
     with pytest.raises(ConfigError, match="earlier version"):
         check_local_state_layout(older_config, 12)
-    # The layout before pages (version 3) is read: recorded as version 4 with the configured pages, its groups
-    # paged as they are written (test_pipeline_upgrade.py).
+    # The layout before pages (version 3) is read: recorded as version 5 with the configured pages, its groups
+    # paged as they are written; the layout before leaves (4) too, with its pages (test_pipeline_upgrade.py).
     (older / "cassandra-cdc-state.json").write_text(json.dumps(
         {"version": 3, "spark.shuffle_partitions": 2, "raw_topic.partitions": 12}))
     check_local_state_layout(older_config, 12)
     assert json.loads((older / "cassandra-cdc-state.json").read_text()) == {
-        "version": 4, "spark.shuffle_partitions": 2, "raw_topic.partitions": 12, "spark.state_pages": 256}
+        "version": 5, "spark.shuffle_partitions": 2, "raw_topic.partitions": 12, "spark.state_pages": 256}
+    (older / "cassandra-cdc-state.json").write_text(json.dumps(
+        {"version": 4, "spark.shuffle_partitions": 2, "raw_topic.partitions": 12, "spark.state_pages": 64}))
+    with pytest.raises(ConfigError, match="spark.state_pages 64 → 256"):
+        check_local_state_layout(older_config, 12)
     # A damaged record of the layout is named, whatever it holds.
     for damaged in ('{"version": 3, "spark.shuff', "[3, 2]"):
         (older / "cassandra-cdc-state.json").write_text(damaged)
@@ -830,7 +834,7 @@ def test_a_file_uri_checkpoint_is_read_and_written_through_hadoop(spark, broker,
                                          "kafka.bootstrap_servers": broker.bootstrap_servers})
     check_checkpoint(config, spark)  # a new checkpoint
     assert json.loads((directory / STATE_LAYOUT_FILE).read_text()) == {
-        "version": 4, "spark.shuffle_partitions": 2, "spark.state_pages": 256, "raw_topic.partitions": 1}
+        "version": 5, "spark.shuffle_partitions": 2, "spark.state_pages": 256, "raw_topic.partitions": 1}
     # Hadoop's local file system writes a checksum beside each file: the layout file went through it.
     assert (directory / f".{STATE_LAYOUT_FILE}.crc").exists()
     run_available_now(spark, broker, f"{server}.raw", directory, max_offsets=2)  # Spark's own batch logs

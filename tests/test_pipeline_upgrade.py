@@ -68,7 +68,7 @@ def test_a_checkpoint_of_groups_stored_whole_resumes_with_its_state_and_is_paged
         ("u", 17, ("item17", 17), "item17", 170)]
     assert read_all(broker.bootstrap_servers, f"{SERVER}.errors") == []
     layout = json.loads((checkpoint / STATE_LAYOUT_FILE).read_text())
-    assert layout["version"] == 4 and layout["spark.state_pages"] == config.spark.state_pages
+    assert layout["version"] == streaming_job.STATE_LAYOUT_VERSION and layout["spark.state_pages"] == config.spark.state_pages
 
 
 Values = tuple[tuple[str, str | None] | None, tuple[str, str | None] | None]  # before, after: (v, note)

@@ -83,6 +83,7 @@ from ..merge.reconcile import (PartitionState, RowChange, apply, delete_partitio
 from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
 from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
 from .pipeline_metrics import PipelineTally
+from .row_nodes import NODE_KEY_SCHEMA, RowNodes
 from .state_requests import MapStateRequests
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ class ChangeProcessor(StatefulProcessor):
         # stored so is read from it, and paged as it is written again.
         self.index = handle.getValueState("partitions", _STATE_SCHEMA)
         self.pages = MapStateRequests(handle.getMapState("pages", _PAGE_KEY_SCHEMA, _STATE_SCHEMA), "pages")
+        self.row_nodes = MapStateRequests(handle.getMapState("rows", NODE_KEY_SCHEMA, _STATE_SCHEMA), "rows")
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topics,
                                             dict(self.settings.consumer))
         self.catalog.refresh()  # each batch decodes with the definitions published before it
@@ -390,7 +392,7 @@ class ChangeProcessor(StatefulProcessor):
     def _load(self) -> "PagedGroup":
         stored = self.index.get()
         return PagedGroup(self.pages, self.settings.state_pages, None if stored is None else stored[0],
-                          self._definition)
+                          self._definition, RowNodes(self.row_nodes))
 
     def _definition(self, table_id: bytes) -> TableMetadata | None:
         found = self.catalog.table(table_id)
@@ -546,8 +548,9 @@ class PagedGroup:
     """
 
     def __init__(self, pages_state: MapStateRequests, pages: int, stored_index: bytes | None,
-                 definition: Callable[[bytes], TableMetadata | None]) -> None:
+                 definition: Callable[[bytes], TableMetadata | None], nodes: RowNodes) -> None:
         self._pages_state = pages_state
+        self._nodes = nodes
         self._pages = pages
         self._definition = definition  # a table's definition by id, to apply its truncation to a page read
         self._read: OrderedDict[int, tuple[PartitionPage, int]] = OrderedDict()  # page → (page, bytes read)
@@ -573,7 +576,7 @@ class PagedGroup:
         for key, value in partitions.items():  # each already deleted by the group's truncations
             page = page_of(key, pages)
             if page not in self._read:
-                self._read[page] = (PartitionPage({}, dict(self.truncations), changed=True), 0)
+                self._read[page] = (PartitionPage({}, dict(self.truncations), changed=True, nodes=nodes), 0)
             self._read[page][0].stored[key] = value
 
     def read_ahead(self, records: list[tuple[int | None, bytes, bytes]]
@@ -610,7 +613,7 @@ class PagedGroup:
         if not wanted:
             return
         for page, stored in zip(wanted, self._pages_state.get_all([(page,) for page in wanted])):
-            partitions = PartitionPage.load(None if stored is None else stored[0])
+            partitions = PartitionPage.load(None if stored is None else stored[0], self._nodes)
             self._apply_truncations(partitions)
             size = 0 if stored is None else len(stored[0])
             self._read[page] = (partitions, size)
@@ -662,6 +665,7 @@ class PagedGroup:
             self._pages_state.update_all(updated)
         if removed:
             self._pages_state.remove_all(removed)
+        self._nodes.flush()  # the wide partitions' leaves the pages sealed
 
     def page(self, key: bytes) -> "PartitionPage":
         """The page of a partition key, read if it is not yet."""
@@ -729,20 +733,21 @@ class PartitionPage:
     """
 
     def __init__(self, stored: dict[bytes, tuple[Any, ...]], truncations: dict[bytes, Deletion] | None = None,
-                 changed: bool = False) -> None:
+                 changed: bool = False, nodes: RowNodes | None = None) -> None:
         # partition key → (next expiry, pickled PartitionState.stored(), its digests); pages written before the
         # digests were kept apart hold (next expiry, pickled state with its digests).
         self.stored = stored
         self._opened: dict[bytes, PartitionState] = {}
         self.truncations = truncations or {}
         self._changed = changed
+        self._nodes = nodes  # where the rows of its wide partitions are (their trees' nodes)
 
     @classmethod
-    def load(cls, value: bytes | None) -> "PartitionPage":
+    def load(cls, value: bytes | None, nodes: RowNodes | None = None) -> "PartitionPage":
         """A page's value as ``dump`` made it (None: no state)."""
         if value is None:
-            return cls({})
-        return cls(*pickle.loads(value))
+            return cls({}, nodes=nodes)
+        return cls(*pickle.loads(value), nodes=nodes)
 
     @property
     def changed(self) -> bool:
@@ -759,7 +764,7 @@ class PartitionPage:
             if isinstance(stored, PartitionState):
                 state = stored
             else:
-                state = PartitionState.from_stored(stored, entry[2] if len(entry) > 2 else ())
+                state = PartitionState.from_stored(stored, entry[2] if len(entry) > 2 else (), self._loader(key))
             self._opened[key] = state
         return state
 
@@ -778,6 +783,12 @@ class PartitionPage:
             state = self.get(key)
             assert state is not None
         return state.seen(digest)
+
+    def _loader(self, key: bytes) -> Callable[[int], bytes] | None:
+        nodes = self._nodes
+        if nodes is None:
+            return None
+        return lambda node: nodes.read(key, node)
 
     def add(self, key: bytes, state: PartitionState) -> None:
         self._opened[key] = state
@@ -798,9 +809,18 @@ class PartitionPage:
                 self.remove(key)
 
     def remove(self, key: bytes) -> None:
+        """Drop a partition, and the leaves of its rows."""
+        state = self.get(key)
+        if state is not None and not state.rows.inline:
+            self._row_nodes().remove(key, state.rows.node_ids())
         self._opened.pop(key, None)
         self.stored.pop(key, None)
         self._changed = True
+
+    def _row_nodes(self) -> RowNodes:
+        if self._nodes is None:
+            raise RuntimeError("this page has nowhere to keep the leaves of its partitions' rows")
+        return self._nodes
 
     def due_keys(self, now_seconds: int) -> list[bytes]:
         """The partitions whose stored expiry has come (the opened ones sealed first)."""
@@ -811,7 +831,12 @@ class PartitionPage:
     def seal(self) -> None:
         """Pickle the opened partitions again (and note their next expiries and digests)."""
         for key, state in self._opened.items():
-            stored = pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL)
+            sealed, written, removed = state.seal()
+            if written or removed:
+                nodes = self._row_nodes()
+                nodes.write(key, written)
+                nodes.remove(key, removed)
+            stored = pickle.dumps(sealed, protocol=pickle.HIGHEST_PROTOCOL)
             self.stored[key] = (next_expiry(state), stored, state.digests)
         if self._opened:
             self._changed = True

@@ -137,9 +137,12 @@ def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> li
 
 
 STATE_LAYOUT_FILE = "cassandra-cdc-state.json"
-# 4: grouped by raw topic partition, each group's state in pages; 3: the same, each group's state one value
-# (read by version 4, which pages a group as it writes it); 2: by hash bucket; 1 (no file): by bucket number
-STATE_LAYOUT_VERSION = 4
+# 5: grouped by raw topic partition, each group's state in pages, a wide partition's rows in leaves beside
+# them; 4: the same, every partition's rows inline (read by version 5: rows inline are a tree of one leaf); 3:
+# the same, each group's state one value (read by version 5, which pages a group as it writes it); 2: by hash
+# bucket; 1 (no file): by bucket number
+STATE_LAYOUT_VERSION = 5
+INLINE_ROWS_STATE_LAYOUT_VERSION = 4
 UNPAGED_STATE_LAYOUT_VERSION = 3
 
 
@@ -151,8 +154,10 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
     other placements, the merge would start from missing state and emit wrong events. A partition added
     to the raw topic moves partition keys to other raw partitions, hence other groups, the same way.
     So is the number of pages of a group's state. A new checkpoint records the layout (the raw topic's
-    partitions once the topic exists). A checkpoint of version 3, whose groups are stored whole, is
-    recorded as version 4 with the configured pages: the processor pages each group as it writes it.
+    partitions once the topic exists). A checkpoint of version 4, whose partitions' rows are all inline, is
+    recorded as version 5: the processor moves the rows of a partition to leaves as it grows. One of version 3,
+    whose groups are stored whole, is recorded as version 5 with the configured pages: the processor pages
+    each group as it writes it.
     """
     checkpoint = config.checkpoint
     layout = {"version": STATE_LAYOUT_VERSION, "spark.shuffle_partitions": config.spark.shuffle_partitions,
@@ -175,6 +180,8 @@ def check_state_layout(files: CheckpointFiles, config: PipelineConfig, raw_parti
         recorded = {name: value for name, value in layout.items() if name != "raw_topic.partitions"}
     if recorded.get("version") == UNPAGED_STATE_LAYOUT_VERSION:
         recorded.update({"version": STATE_LAYOUT_VERSION, "spark.state_pages": config.spark.state_pages})
+    if recorded.get("version") == INLINE_ROWS_STATE_LAYOUT_VERSION:
+        recorded["version"] = STATE_LAYOUT_VERSION
     if recorded.get("version") != STATE_LAYOUT_VERSION:
         raise ConfigError(f"checkpoint {checkpoint} was written by an earlier version of the pipeline, whose merge "
                           "state this one cannot read: start a new checkpoint (and bootstrap the tables again)")
