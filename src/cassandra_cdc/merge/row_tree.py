@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pickle
 from bisect import bisect_right
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from .clustering import Clustering, ClusteringComparator
 from .row_state import RowState, StoredRow
@@ -137,6 +137,23 @@ class RowTree:
                 if wanted(entry):
                     yield from walk(self._child(node, index, height - 1), height - 1)
         return walk(self._root, self._height)
+
+    def unread(self, clusterings: Iterable[Clustering], available: Callable[[int], bool]) -> set[int]:
+        """The nodes on the paths to ``clusterings`` that are not read yet, as far down as the nodes already
+        read, or ``available`` ones (read then), lead: what to read ahead, a level at a time, before merging
+        writes to those rows."""
+        wanted: set[int] = set()
+        for clustering in clusterings:
+            node = self._root
+            for height in range(self._height - 1, -1, -1):
+                assert isinstance(node, _Inner)
+                index = self._index(node, clustering)
+                node_id = node.entries[index][1]
+                if node_id not in node.children and not available(node_id):
+                    wanted.add(node_id)
+                    break
+                node = self._child(node, index, height)
+        return wanted
 
     # --- the mapping --------------------------------------------------------------------------------
 

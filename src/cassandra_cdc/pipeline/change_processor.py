@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -71,15 +72,18 @@ from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, St
 
 from ..storage.decode_errors import MutationDecodeError
 from ..storage.binary_io import EndOfData
+from ..storage.partition_update import PartitionUpdate
 from ..schema import TableMetadata
 from ..kafka.raw_records import (RawRecord, RawRecordError, TruncationRecord, decode_update, is_truncation,
                                  stored_digest)
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..events.field_mapping import TypeModes
+from ..merge.clustering import Clustering
 from ..merge.partition_state import Deletion
 from ..merge.reconcile import (PartitionState, RowChange, apply, delete_partition, expire, next_expiry,
                                only_deleted_by)
+from ..merge.table_view import table_view
 from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
 from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
 from .pipeline_metrics import PipelineTally
@@ -108,6 +112,8 @@ FIRST_READ_AHEAD_PAGES = 16
 # Bytes of a group's records a worker holds to merge them in the order of their pages; beyond, those held
 # are merged and the next ones held anew.
 RECORDS_ORDERED_BYTES = 64 << 20
+# Records decoded ahead of their merge, the leaves of wide partitions their rows are in read for them at once.
+DECODED_AHEAD = 1024
 
 
 @dataclass(frozen=True)
@@ -163,8 +169,7 @@ class ChangeProcessor(StatefulProcessor):
             partitions = self._load()
             for records in in_page_order(self._records(rows), self.settings.state_pages):
                 for window in partitions.read_ahead(records):
-                    for _, record_key, value in window:
-                        self._apply(partitions, record_key, value, now_ms)
+                    self._merge_window(partitions, window, now_ms)
             self._save(partitions, now_ms)
         return iter(())
 
@@ -253,26 +258,59 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- merging ----------------------------------------------------------------------------------
 
-    def _apply(self, partitions: "PagedGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
-        if is_truncation(value):
-            self._truncate(partitions, record_key, value, now_ms)
-            return
+    def _merge_window(self, partitions: "PagedGroup", window: list[tuple[int | None, bytes, bytes]],
+                      now_ms: int) -> None:
+        """Merge a window of records whose pages are read: decoded ``DECODED_AHEAD`` at a time, the leaves their
+        rows are in (wide partitions) read for them in one exchange, then merged in order."""
+        decoded: list[_Decoded] = []
+        fresh: set[tuple[bytes, bytes]] = set()  # (key, digest) decoded in this run: the others are copies
+        for _, record_key, value in window:
+            if is_truncation(value):
+                self._merge_decoded(partitions, decoded, now_ms)
+                decoded, fresh = [], set()
+                self._truncate(partitions, record_key, value, now_ms)
+                continue
+            record = self._decoded(partitions, record_key, value, fresh)
+            if record is not None:
+                decoded.append(record)
+                if len(decoded) == DECODED_AHEAD:
+                    self._merge_decoded(partitions, decoded, now_ms)
+                    decoded, fresh = [], set()
+        self._merge_decoded(partitions, decoded, now_ms)
+
+    def _decoded(self, partitions: "PagedGroup", record_key: bytes, value: bytes,
+                 fresh: set[tuple[bytes, bytes]]) -> "_Decoded | None":
+        """A record decoded, or None: a copy of an update merged already or decoded just before, or one that
+        cannot be decoded (sent to the errors topic)."""
         try:
             record = RawRecord.decode(value)
         except RawRecordError as error:
             self._error(record_key, value, "invalid_raw_record", str(error))
-            return
+            return None
         digest = stored_digest(value)
         # Seen before decoding: most records are another replica's copy of an update already merged.
-        page = partitions.page(record_key)
-        if page.seen(record_key, digest):
-            return
-        state = page.get(record_key)
+        if digest is not None and ((record_key, digest) in fresh
+                                   or partitions.page(record_key).seen(record_key, digest)):
+            return None
         try:
             table, version, update = self._decode(record_key, record)
-        except _Undecodable as error:
+        except _Undecodable as error:  # each copy is set aside
             self._error(record_key, value, error.kind, error.reason)
-            return
+            return None
+        if digest is not None:
+            fresh.add((record_key, digest))
+        return _Decoded(record_key, value, record, digest, table, version, update)
+
+    def _merge_decoded(self, partitions: "PagedGroup", decoded: list["_Decoded"], now_ms: int) -> None:
+        partitions.read_leaves((d.record_key, d.table, d.update) for d in decoded)
+        for record in decoded:
+            self._merge(partitions, record, now_ms)
+
+    def _merge(self, partitions: "PagedGroup", decoded: "_Decoded", now_ms: int) -> None:
+        record_key, value, record, digest = decoded.record_key, decoded.value, decoded.record, decoded.digest
+        table, version, update = decoded.table, decoded.version, decoded.update
+        page = partitions.page(record_key)
+        state = page.get(record_key)
         truncation = partitions.truncations.get(record_key[:16])
         merged = state if state is not None else new_partition_state(update.key, table, truncation,
                                                                      now_ms // 1000)
@@ -433,6 +471,18 @@ def close_worker_clients() -> None:
     SchemaCatalog.close_shared()
     close_sink_clients()
     close_task_consumers()
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    """A raw record decoded, to be merged."""
+    record_key: bytes
+    value: bytes
+    record: RawRecord
+    digest: bytes | None
+    table: TableMetadata
+    version: str
+    update: PartitionUpdate
 
 
 class _Undecodable(Exception):
@@ -666,6 +716,24 @@ class PagedGroup:
         if removed:
             self._pages_state.remove_all(removed)
         self._nodes.flush()  # the wide partitions' leaves the pages sealed
+
+    def read_leaves(self, updates: Iterable[tuple[bytes, TableMetadata, PartitionUpdate]]) -> None:
+        """Read, in one exchange per level of their trees, the nodes of wide partitions the rows of
+        ``(partition key, table, update)``s are in."""
+        wanted: dict[bytes, tuple[PartitionState, list[Clustering]]] = {}
+        for key, table, update in updates:
+            if not update.rows:
+                continue
+            state = self.page(key).get(key)
+            if state is None or state.rows.inline:
+                continue
+            state.rows.order = table_view(table).clustering_sort_key
+            wanted.setdefault(key, (state, []))[1].extend(row.clustering for row in update.rows)
+        while wanted:
+            unread = {key: state.rows.unread(clusterings, functools.partial(self._nodes.available, key))
+                      for key, (state, clusterings) in wanted.items()}
+            self._nodes.read_ahead((key, node) for key, nodes in unread.items() for node in sorted(nodes))
+            wanted = {key: wanted[key] for key, nodes in unread.items() if nodes}
 
     def page(self, key: bytes) -> "PartitionPage":
         """The page of a partition key, read if it is not yet."""
