@@ -58,7 +58,7 @@ from cassandra_cdc.agent import Agent  # noqa: E402
 from cassandra_cdc.agent import load_config as agent_config  # noqa: E402
 from cassandra_cdc.commitlog import Mutation, MutationSerializer  # noqa: E402
 from cassandra_cdc.pipeline.pipeline_config import load_config as pipeline_config  # noqa: E402
-from cassandra_cdc.pipeline.change_processor import page_of  # noqa: E402
+from cassandra_cdc.pipeline.group_state import page_of  # noqa: E402
 from cassandra_cdc.pipeline.streaming_job import start  # noqa: E402
 from cassandra_cdc.pipeline.spark_session import spark_session  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402

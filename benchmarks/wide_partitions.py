@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from cassandra_cdc.merge.reconcile import PartitionState, apply  # noqa: E402
 from cassandra_cdc.merge.table_view import table_view  # noqa: E402
-from cassandra_cdc.pipeline.change_processor import PartitionPage, collector_paused  # noqa: E402
+from cassandra_cdc.pipeline.change_processor import collector_paused  # noqa: E402
+from cassandra_cdc.pipeline.group_state import PartitionPage  # noqa: E402
 from cassandra_cdc.pipeline.row_nodes import RowNodes  # noqa: E402
 from cassandra_cdc.pipeline.state_requests import MapStateRequests  # noqa: E402
 from cassandra_cdc.schema import parse_schema  # noqa: E402

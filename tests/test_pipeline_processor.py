@@ -18,7 +18,7 @@ import json
 import pickle
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import pandas as pd
 import pytest
@@ -30,9 +30,9 @@ from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.merge.reconcile import apply
-from cassandra_cdc.pipeline import change_processor
-from cassandra_cdc.pipeline.change_processor import (ChangeProcessor, PartitionPage, ProcessorSettings,
-                                                     collector_paused)
+from cassandra_cdc.pipeline import change_processor, group_state
+from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, collector_paused
+from cassandra_cdc.pipeline.group_state import PartitionPage
 from cassandra_cdc.pipeline.event_sink import SinkSettings, MicroBatchTask, TaskSink
 from cassandra_cdc.pipeline.kafka_source import SourceOptions
 from cassandra_cdc.merge.partition_state import PartitionState
@@ -136,7 +136,8 @@ class _MemoryHandle:
     def __init__(self) -> None:
         self.current: Any = None
         self.values: dict[Any, _MemoryState] = {}
-        self.maps: dict[Any, _MemoryMap] = {}
+        self.maps: dict[Any, _MemoryMap] = {}  # the pages of each group
+        self.other_maps: dict[str, dict[Any, _MemoryMap]] = {}  # the other map states by name, of each group
         self.timers: dict[Any, list[int]] = {}
         self.timer_listings = 0
 
@@ -145,7 +146,8 @@ class _MemoryHandle:
 
         class Current:
             def __getattr__(self, attribute: str) -> Any:
-                return getattr(handle.maps.setdefault(handle.current, _MemoryMap()), attribute)
+                maps = handle.maps if name == "pages" else handle.other_maps.setdefault(name, {})
+                return getattr(maps.setdefault(handle.current, _MemoryMap()), attribute)
         return Current()
 
     def getValueState(self, name: str, schema: Any) -> Any:
@@ -404,7 +406,7 @@ def test_a_group_stored_whole_is_paged_as_it_is_written_and_its_partitions_merge
     assert len(pages) > 1 and sum(len(pickle.loads(value[0])[0]) for value in pages.values()) == len(keys) + 1
     assert handle.timers[(0,)] == [timer] and handle.timer_listings == 0
     index = handle.values[(0,)].value[0]
-    assert pickle.loads(index)[0] == "pages"  # the group's value is now the index of its pages
+    assert pickle.loads(index)[0] == "split pages"  # the group's value is now the index of its pages
     handle.timers[(0,)].remove(timer)
     events = run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
     assert [(e["op"], e["before"]["id"]) for e in events] == [("d", 1)]
@@ -424,7 +426,57 @@ def test_a_batch_reads_and_writes_only_the_pages_of_the_partitions_it_touches(pr
     assert sorted((e["before"]["name"], e["after"]["age"]) for e in events) == [("user1500", 2), ("user5", 2)]
     assert pages.calls == 4  # two pages, each read once and written once
     assert sum(before[page] != pages.values[page] for page in pages.values) == 2
-    assert handle.values[(0,)].value is None  # no timer, no expiry: no index to write
+    assert index_of(handle).stored_bytes == sum(len(value[0]) for value in pages.values.values())
+    assert index_of(handle).expiries == {}  # no timer, no expiry
+
+
+class Index(NamedTuple):
+    """A group's index as ``PagedGroup.index`` stores it."""
+    kind: str
+    timer: int | None
+    level: int
+    split: int
+    stored_bytes: int
+    expiries: dict[int, int]
+    truncations: dict[bytes, Any]
+    truncation_events: dict[bytes, int]
+
+
+def index_of(handle: _MemoryHandle, group: Any = (0,)) -> Index:
+    return Index(*pickle.loads(handle.values[group].value[0]))
+
+
+def test_pages_split_as_the_group_grows_and_every_partition_is_found_merged_and_expired(
+        processor: Any, monkeypatch: Any) -> None:
+    """A group that starts with 4 pages of at most 2 KB on average splits its pages, one after the other, as
+    its partitions come: each key is then on its page for the number of splits made, with its state and
+    its expiry (the pages' expiries in buckets of 8 pages)."""
+    owner, handle = processor
+    monkeypatch.setattr(group_state, "PAGE_BYTES", 2048)
+    monkeypatch.setattr(group_state, "EXPIRY_BUCKET_PAGES", 8)
+    owner.settings = dataclasses.replace(owner.settings, state_pages=4)
+    keys = range(1, 601)
+    for first in range(1, 601, 100):  # batches of 100 new keys
+        run_batch(*processor, [copy for key in range(first, first + 100) for copy in copies(
+            Insert("app.users", {"id": key, "name": f"user{key}", "age": 1}, timestamp=NOW, ttl=60 if key % 7 else 5))])
+    pages = handle.maps[(0,)].values
+    index = index_of(handle)
+    assert len(pages) == (4 << index.level) + index.split and index.level >= 3  # rounds of splits, and more
+    assert index.stored_bytes == sum(len(value[0]) for value in pages.values())
+    assert 2048 * (len(pages) - 1) < index.stored_bytes <= 2048 * len(pages)  # as many pages as that needs
+    assert sorted(index.expiries) == list(range((len(pages) + 7) // 8))  # every bucket has a page with a TTL
+    placed = {key: page for (page,), value in pages.items() for key in pickle.loads(value[0])[0]}
+    assert len(placed) == len(keys)
+    assert all(placed[key] == group_state.PagedGroup(None, None, None, 4, handle.values[(0,)].value[0],  # type: ignore
+                                                     lambda table: None).page_number(key) for key in placed)
+    events = run_batch(*processor, [copy for key in keys for copy in copies(
+        Update("app.users", {"id": key}, {"age": 2}, timestamp=NOW + 1))])
+    assert sorted((e["before"]["id"], e["before"]["age"], e["after"]["age"]) for e in events) == [
+        (key, 1, 2) for key in keys]
+    [timer] = handle.timers[(0,)]
+    handle.timers[(0,)].remove(timer)  # Spark drops a timer as it fires
+    events = run_task(owner, lambda: list(owner.handleExpiredTimer((0,), _Clock(timer), None)))
+    assert sorted(e["before"]["id"] for e in events) == [key for key in keys if key % 7 == 0]
 
 
 def test_a_batch_whose_keys_alternate_between_pages_reads_and_writes_each_page_once(
@@ -432,7 +484,7 @@ def test_a_batch_whose_keys_alternate_between_pages_reads_and_writes_each_page_o
     """Pages read beyond the memory bound are written back; merged in the order of their pages, a batch's
     records never need one written back again, however the keys of its records alternate."""
     owner, handle = processor
-    monkeypatch.setattr(change_processor, "PAGES_IN_MEMORY_BYTES", 1)  # one page read at a time
+    monkeypatch.setattr(group_state, "PAGES_IN_MEMORY_BYTES", 1)  # one page read at a time
     keys = (1, 2, 4, 5)  # one page each of the 256
     run_batch(*processor, [copy for key in keys for copy in copies(
         Insert("app.users", {"id": key, "name": f"user{key}", "age": 1}, timestamp=NOW))])
@@ -637,11 +689,11 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
     writes nothing, its events being committed already. A failed task's events are never seen."""
     change_processor, handle = processor
     run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW)))
-    before = copy.deepcopy((handle.values, handle.maps, handle.timers))
+    before = copy.deepcopy((handle.values, handle.maps, handle.other_maps, handle.timers))
     replayed_batch = change_processor.batch_id
     update = copies(Update("app.users", {"id": 1}, {"age": 31}, timestamp=NOW + 1))
     assert [e["after"]["age"] for e in run_batch(*processor, update)] == [31]
-    handle.values, handle.maps, handle.timers = before  # the state store as it was before the batch
+    handle.values, handle.maps, handle.other_maps, handle.timers = before  # the state store as it was before the batch
     change_processor.batch_id = replayed_batch
     assert run_batch(*processor, update) == []
     events = run_batch(*processor, copies(Update("app.users", {"id": 1}, {"name": "bo"}, timestamp=NOW + 2)))
@@ -658,7 +710,7 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
 
     two = copies(Update("app.users", {"id": 1}, {"age": 40}, timestamp=NOW + 3)) \
         + copies(Insert("app.users", {"id": 2, "name": "cy", "age": 5}, timestamp=NOW + 3))
-    before = copy.deepcopy((handle.values, handle.maps, handle.timers))
+    before = copy.deepcopy((handle.values, handle.maps, handle.other_maps, handle.timers))
     change_processor._decode = failing_decode  # type: ignore[method-assign]
     with pytest.raises(RuntimeError, match="executor is lost"):
         change_processor.init(handle)  # type: ignore[arg-type]
@@ -667,7 +719,7 @@ def test_a_replayed_task_rebuilds_its_state_without_writing_its_events_again(pro
             "offset": list(range(6))})]), _Clock()))
     assert change_processor.events.read(f"{SERVER}.app.users") == []
     change_processor._decode = decode  # type: ignore[method-assign]
-    handle.values, handle.maps, handle.timers = before
+    handle.values, handle.maps, handle.other_maps, handle.timers = before
     events = run_batch(*processor, two)
     assert sorted((e["op"], e["after"]["id"], e["after"]["age"]) for e in events) == [
         ("c", 2, 5), ("u", 1, 40)]
@@ -731,10 +783,10 @@ def test_a_replayed_truncation_writes_no_second_event_and_a_later_one_writes_one
     Cassandra's truncate timeout of the one written, is the same truncation; one after it is another."""
     change_processor, handle = processor
     truncated_ms = NOW // 1000
-    before = copy.deepcopy((handle.values, handle.maps, handle.timers))
+    before = copy.deepcopy((handle.values, handle.maps, handle.other_maps, handle.timers))
     replayed_batch = change_processor.batch_id
     assert [e["op"] for e in run_batch(*processor, truncation_copies(truncated_ms)[:1])] == ["t"]
-    handle.values, handle.maps, handle.timers = before
+    handle.values, handle.maps, handle.other_maps, handle.timers = before
     change_processor.batch_id = replayed_batch
     assert run_batch(*processor, truncation_copies(truncated_ms)[:1]) == []
     assert run_batch(*processor, truncation_copies(truncated_ms + 59_000)[1:]) == []
@@ -776,7 +828,7 @@ def test_a_group_stored_whole_with_its_truncations_keeps_them_once_paged(process
     after_us = (truncated_ms + 10) * 1000
     run_batch(*processor, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30},
                                         timestamp=after_us)))
-    deletion = change_processor.truncation_deletion(truncated_ms)
+    deletion = group_state.truncation_deletion(truncated_ms)
     table_id = SCHEMA.table("app", "users").id.bytes
     (partitions,) = whole_group_value(handle, (0,), None)
     _, stored = pickle.loads(partitions)
@@ -788,8 +840,8 @@ def test_a_group_stored_whole_with_its_truncations_keeps_them_once_paged(process
     events = run_batch(*processor, late + truncation_copies(truncated_ms)
                        + copies(Update("app.users", {"id": 1}, {"age": 31}, timestamp=after_us + 1)))
     assert [(e["op"], e["before"]["age"], e["after"]["age"]) for e in events] == [("u", 30, 31)]
-    _, _, _, truncations, truncation_events = pickle.loads(handle.values[(0,)].value[0])
-    assert list(truncations) == [table_id] and truncation_events == {table_id: truncated_ms}
+    index = index_of(handle)
+    assert list(index.truncations) == [table_id] and index.truncation_events == {table_id: truncated_ms}
 
 
 # A step of one raw partition's records: a write of a key (its kind, its time in seconds after NOW, how many
@@ -832,9 +884,9 @@ def test_records_merged_in_page_order_give_each_key_the_events_of_arrival_order(
     records = step_records(steps)
     cuts = sorted(data.draw(st.lists(st.integers(1, len(records)), max_size=2), label="batch ends"))
     batches = [records[start:end] for start, end in zip([0] + cuts, cuts + [len(records)]) if start < end]
-    monkeypatch.setattr(change_processor, "RECORDS_ORDERED_BYTES",
+    monkeypatch.setattr(group_state, "RECORDS_ORDERED_BYTES",
                         data.draw(st.sampled_from([1, 300, 64 << 20]), label="records ordered bytes"))
-    monkeypatch.setattr(change_processor, "PAGES_IN_MEMORY_BYTES",
+    monkeypatch.setattr(group_state, "PAGES_IN_MEMORY_BYTES",
                         data.draw(st.sampled_from([1, 64 << 20]), label="pages in memory bytes"))
     merged = []
     for pages in (1, 4):

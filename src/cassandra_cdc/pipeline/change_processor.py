@@ -25,15 +25,11 @@ What a record costs in Python is kept to what only Python can do (decode, merge,
   and a copy costs the header's decode and digest check only: the state is not unpickled, and a page whose
   partitions did not change is not written back, so that copies arriving in another micro-batch than their
   write (agents lagging apart) cost a page read.
-* The state of a group is paged (``PagedGroup``): its partition keys are spread over a fixed number of
-  pages by a hash of the key, each page a value of a ``MapState`` mapping each of its partition keys to
-  its next expiry and its pickled merge state (see ``merge.py``). A batch reads and writes only the
-  pages its records touch, and unpickles and pickles again only the partitions it touches, so that its
-  cost and the bytes it writes to the checkpoint follow the batch, not the table; a group's
-  ``ValueState`` is a small index (the group's timer, each page's next expiry, its truncations). Each page
-  is a read and a write of the state store, its requests written ahead of their answers, many pages at once
-  (``state_requests.py``): fewer, fuller pages make large batches cheaper, more, smaller pages make small
-  batches read and write less (``spark.state_pages``).
+* The state of a group is paged (``PagedGroup``, ``group_state.py``): a batch reads and writes only the pages
+  its records touch, many in one exchange with the state server, and unpickles and pickles again only the
+  partitions it touches, so that its cost and the bytes it writes to the checkpoint follow the batch, not the
+  table; pages split as the group grows, and a wide partition's rows are in leaves, of which a write reads
+  and writes the one it changes (read ahead for ``DECODED_AHEAD`` records at a time).
 
 Truncation: a ``TRUNCATE`` reaches the raw topic as one truncation record per node and raw partition
 (``TruncationRecord``). Each group applies it as a deletion of every partition of the table it holds (in
@@ -52,23 +48,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import gc
 import json
 import logging
-import pickle
 import time
 import uuid
-import zlib
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import Any, Iterator, Literal
 
 import pandas as pd
 from pyspark import Accumulator
 from pyspark.sql.streaming.stateful_processor import (ExpiredTimerInfo, StatefulProcessor,
                                                       StatefulProcessorHandle, TimerValues)
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
+from pyspark.sql.types import BinaryType, LongType, StructField, StructType
 
 from ..storage.decode_errors import MutationDecodeError
 from ..storage.binary_io import EndOfData
@@ -79,14 +71,12 @@ from ..kafka.raw_records import (RawRecord, RawRecordError, TruncationRecord, de
 from ..kafka.schema_catalog import SchemaCatalog
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..events.field_mapping import TypeModes
-from ..merge.clustering import Clustering
-from ..merge.partition_state import Deletion
-from ..merge.reconcile import (PartitionState, RowChange, apply, delete_partition, expire, next_expiry,
-                               only_deleted_by)
-from ..merge.table_view import table_view
+from ..merge.reconcile import RowChange, apply, expire, next_expiry, only_deleted_by
 from .event_sink import SinkSettings, MicroBatchTask, TaskSink, close_sink_clients, task_sink
 from .kafka_source import OffsetRange, SourceOptions, close_task_consumers, read_range
 from .pipeline_metrics import PipelineTally
+from .group_state import (DEFAULT_STATE_PAGES, EXPIRY_BUCKET_KEY_SCHEMA, PAGE_KEY_SCHEMA, TIMER_NOT_RECORDED,
+                          PagedGroup, in_page_order, new_partition_state, truncation_deletion)
 from .row_nodes import NODE_KEY_SCHEMA, RowNodes
 from .state_requests import MapStateRequests
 
@@ -94,24 +84,8 @@ log = logging.getLogger(__name__)
 
 OUTPUT_SCHEMA = StructType([StructField("events", LongType())])  # never output: the events go to Kafka from here
 _STATE_SCHEMA = StructType([StructField("partitions", BinaryType())])
-# The nodes' copies of one truncation carry each node's own time: they are one truncation when this close
-# to the one whose event was written. Cassandra's truncate_request_timeout (its default): every node
-# truncates within it, or the TRUNCATE fails.
-TRUNCATION_COPIES_WINDOW_MS = 60_000
 # The raw topic partition whose group writes the truncation events (every group gets the records).
 TRUNCATION_EVENTS_PARTITION = 0
-_PAGE_KEY_SCHEMA = StructType([StructField("page", IntegerType())])
-
-DEFAULT_STATE_PAGES = 256
-# Bytes of a group's pages a worker keeps read at once; beyond, the least recently used ones are written back.
-PAGES_IN_MEMORY_BYTES = 64 << 20
-# Pages read in one exchange with the state server at most; fewer while a group's pages are large (as many as
-# fit in PAGES_IN_MEMORY_BYTES at the size of those read so far), and until one has been read.
-READ_AHEAD_PAGES = 4096
-FIRST_READ_AHEAD_PAGES = 16
-# Bytes of a group's records a worker holds to merge them in the order of their pages; beyond, those held
-# are merged and the next ones held anew.
-RECORDS_ORDERED_BYTES = 64 << 20
 # Records decoded ahead of their merge, the leaves of wide partitions their rows are in read for them at once.
 DECODED_AHEAD = 1024
 
@@ -132,7 +106,7 @@ class ProcessorSettings:
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
     ranges: SourceOptions | None = None  # the raw topic, when rows name offset ranges instead of holding records
     tally: Accumulator[PipelineTally] | None = None  # where each task's counts go (the driver's metrics)
-    state_pages: int = DEFAULT_STATE_PAGES  # pages of each group's state (fixed once a checkpoint has state)
+    state_pages: int = DEFAULT_STATE_PAGES  # pages each group's state starts with (fixed once it has state)
 
 
 class ChangeProcessor(StatefulProcessor):
@@ -146,7 +120,9 @@ class ChangeProcessor(StatefulProcessor):
         # The index keeps the name and schema of the value that held a whole group before pages: a group
         # stored so is read from it, and paged as it is written again.
         self.index = handle.getValueState("partitions", _STATE_SCHEMA)
-        self.pages = MapStateRequests(handle.getMapState("pages", _PAGE_KEY_SCHEMA, _STATE_SCHEMA), "pages")
+        self.pages = MapStateRequests(handle.getMapState("pages", PAGE_KEY_SCHEMA, _STATE_SCHEMA), "pages")
+        self.expiries = MapStateRequests(handle.getMapState("expiries", EXPIRY_BUCKET_KEY_SCHEMA, _STATE_SCHEMA),
+                                         "expiries")
         self.row_nodes = MapStateRequests(handle.getMapState("rows", NODE_KEY_SCHEMA, _STATE_SCHEMA), "rows")
         self.catalog = SchemaCatalog.shared(self.settings.bootstrap_servers, self.settings.schema_topics,
                                             dict(self.settings.consumer))
@@ -167,7 +143,7 @@ class ChangeProcessor(StatefulProcessor):
         now_ms = timerValues.getCurrentProcessingTimeInMs()
         with self._aborted_on_failure(), collector_paused():
             partitions = self._load()
-            for records in in_page_order(self._records(rows), self.settings.state_pages):
+            for records in in_page_order(self._records(rows), partitions.page_number):
                 for window in partitions.read_ahead(records):
                     self._merge_window(partitions, window, now_ms)
             self._save(partitions, now_ms)
@@ -179,7 +155,7 @@ class ChangeProcessor(StatefulProcessor):
         now_seconds = now_ms // 1000
         with self._aborted_on_failure():
             partitions = self._load()
-            if partitions.timer != _TIMER_NOT_RECORDED:
+            if partitions.timer != TIMER_NOT_RECORDED:
                 partitions.timer = None  # the group's one timer fired: Spark has removed it
             for record_key, state in partitions.due(now_seconds):
                 expiry = next_expiry(state)
@@ -258,7 +234,7 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- merging ----------------------------------------------------------------------------------
 
-    def _merge_window(self, partitions: "PagedGroup", window: list[tuple[int | None, bytes, bytes]],
+    def _merge_window(self, partitions: PagedGroup, window: list[tuple[int | None, bytes, bytes]],
                       now_ms: int) -> None:
         """Merge a window of records whose pages are read: decoded ``DECODED_AHEAD`` at a time, the leaves their
         rows are in (wide partitions) read for them in one exchange, then merged in order."""
@@ -278,7 +254,7 @@ class ChangeProcessor(StatefulProcessor):
                     decoded, fresh = [], set()
         self._merge_decoded(partitions, decoded, now_ms)
 
-    def _decoded(self, partitions: "PagedGroup", record_key: bytes, value: bytes,
+    def _decoded(self, partitions: PagedGroup, record_key: bytes, value: bytes,
                  fresh: set[tuple[bytes, bytes]]) -> "_Decoded | None":
         """A record decoded, or None: a copy of an update merged already or decoded just before, or one that
         cannot be decoded (sent to the errors topic)."""
@@ -301,12 +277,12 @@ class ChangeProcessor(StatefulProcessor):
             fresh.add((record_key, digest))
         return _Decoded(record_key, value, record, digest, table, version, update)
 
-    def _merge_decoded(self, partitions: "PagedGroup", decoded: list["_Decoded"], now_ms: int) -> None:
+    def _merge_decoded(self, partitions: PagedGroup, decoded: list["_Decoded"], now_ms: int) -> None:
         partitions.read_leaves((d.record_key, d.table, d.update) for d in decoded)
         for record in decoded:
             self._merge(partitions, record, now_ms)
 
-    def _merge(self, partitions: "PagedGroup", decoded: "_Decoded", now_ms: int) -> None:
+    def _merge(self, partitions: PagedGroup, decoded: "_Decoded", now_ms: int) -> None:
         record_key, value, record, digest = decoded.record_key, decoded.value, decoded.record, decoded.digest
         table, version, update = decoded.table, decoded.version, decoded.update
         page = partitions.page(record_key)
@@ -331,7 +307,7 @@ class ChangeProcessor(StatefulProcessor):
         self._emit(table, version, changes, source, record.snapshot, now_ms,
                    None if record.snapshot else record.write_time)
 
-    def _truncate(self, partitions: "PagedGroup", record_key: bytes, value: bytes, now_ms: int) -> None:
+    def _truncate(self, partitions: PagedGroup, record_key: bytes, value: bytes, now_ms: int) -> None:
         """A node's truncation of a table: the group's partitions of the table deleted, without events; the
         ``t`` event from the group of raw partition 0, for the first of the nodes' copies."""
         try:
@@ -427,16 +403,16 @@ class ChangeProcessor(StatefulProcessor):
 
     # --- state ------------------------------------------------------------------------------------
 
-    def _load(self) -> "PagedGroup":
+    def _load(self) -> PagedGroup:
         stored = self.index.get()
-        return PagedGroup(self.pages, self.settings.state_pages, None if stored is None else stored[0],
-                          self._definition, RowNodes(self.row_nodes))
+        return PagedGroup(self.pages, self.expiries, RowNodes(self.row_nodes), self.settings.state_pages,
+                          None if stored is None else stored[0], self._definition)
 
     def _definition(self, table_id: bytes) -> TableMetadata | None:
         found = self.catalog.table(table_id)
         return None if found is None else found[0]
 
-    def _save(self, partitions: "PagedGroup", now_ms: int) -> None:
+    def _save(self, partitions: PagedGroup, now_ms: int) -> None:
         """Store the group's touched pages and its index, with its one timer at the earliest expiry of its
         partitions.
 
@@ -447,7 +423,7 @@ class ChangeProcessor(StatefulProcessor):
         partitions.write_pages()
         expiry = partitions.earliest_expiry()
         wanted = None if expiry is None else max(expiry * 1000, now_ms + 1)
-        if partitions.timer == _TIMER_NOT_RECORDED:
+        if partitions.timer == TIMER_NOT_RECORDED:
             registered = list(self.handle.listTimers())
         else:
             registered = [] if partitions.timer is None else [partitions.timer]
@@ -512,411 +488,3 @@ def collector_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-# The timer of a group stored before groups recorded theirs: Spark is asked.
-_TIMER_NOT_RECORDED = -1
-# The first item of a paged group's index; the value of a group stored whole is a dict or a tuple whose
-# first item is its timer.
-_PAGED = "pages"
-
-
-def page_of(partition_key: bytes, pages: int) -> int:
-    """The page of a partition key: the same in every process (``hash`` of bytes is salted per process)."""
-    return zlib.crc32(partition_key) % pages
-
-
-def in_page_order(records: Iterable[tuple[bytes, bytes]],
-                  pages: int) -> Iterator[list[tuple[int | None, bytes, bytes]]]:
-    """A group's ``(key, value)`` records in runs of ``(page, key, value)``, those of each page of a run
-    together, pages in ascending order, so that a batch reads and writes each page once, however many pages its records touch: read in
-    offset order, a group whose pages exceed ``PAGES_IN_MEMORY_BYTES`` would write back and read again a page
-    for most of its records.
-
-    Only the order across partition keys changes (events of different keys have no order): the records of
-    each key keep theirs (the sort is stable, and a key is on one page). A truncation record stays where it
-    was, a run of its own (its page None): the records before it are merged before it, those after it
-    after it. A run holds at most ``RECORDS_ORDERED_BYTES`` of records: beyond, the held ones are merged
-    first.
-    """
-    held: list[tuple[int | None, bytes, bytes]] = []
-    held_bytes = 0
-    for key, value in records:
-        truncation = is_truncation(value)
-        if not truncation:
-            held.append((page_of(key, pages), key, value))
-            held_bytes += len(key) + len(value)
-        if (truncation or held_bytes >= RECORDS_ORDERED_BYTES) and held:
-            held.sort(key=_page_number)
-            yield held
-            held, held_bytes = [], 0
-        if truncation:
-            yield [(None, key, value)]
-    if held:
-        held.sort(key=_page_number)
-        yield held
-
-
-def _page_number(record: tuple[int | None, bytes, bytes]) -> int | None:
-    return record[0]
-
-
-def truncation_deletion(truncated_at_ms: int) -> Deletion:
-    """The partition deletion a truncation amounts to: every write up to the end of the truncation's
-    millisecond (its time has no finer grain; a write after the TRUNCATE returned is later), deleted then."""
-    return truncated_at_ms * 1000 + 999, truncated_at_ms // 1000
-
-
-def new_partition_state(partition_key: bytes, table: TableMetadata, truncation: Deletion | None,
-                        now_seconds: int) -> PartitionState:
-    """The state of a partition the group does not hold: empty, or deleted by its table's ``truncation``."""
-    if truncation is None:
-        return PartitionState()
-    state = PartitionState(bytes(partition_key))
-    delete_partition(state, table, truncation, now_seconds)
-    return state
-
-
-class PagedGroup:
-    """The merge state of one group (raw topic partition), its partition keys spread over pages.
-
-    Pages are read ahead of the records that need them (``read_ahead``), many in one exchange with the state
-    server, and kept as ``PartitionPage``s until the batch's end, or until the pages read exceed
-    ``PAGES_IN_MEMORY_BYTES``: then the least recently used ones are written back (a later record may read
-    them again), so that a worker's memory does not follow the size of the state. The index (the group's
-    ``ValueState``) holds the group's timer, the next expiry of each page that has one, so that a timer reads
-    only the pages due, and the group's truncations.
-
-    Per truncated table (its id), the index keeps the deletion of its newest truncation, which every
-    partition of the table the group holds or meets later is given, and, for the group that writes the
-    truncation events, the time of the last one written. A truncation is applied at once to the pages read,
-    and to each other page when it is next read (a page records the truncations applied to it): a batch
-    with a truncation writes only the pages it touches, like any other.
-
-    A group stored whole, as before pages, is read from the index value it was, and its partitions are
-    written to their pages, once, the first time the group is saved.
-    """
-
-    def __init__(self, pages_state: MapStateRequests, pages: int, stored_index: bytes | None,
-                 definition: Callable[[bytes], TableMetadata | None], nodes: RowNodes) -> None:
-        self._pages_state = pages_state
-        self._nodes = nodes
-        self._pages = pages
-        self._definition = definition  # a table's definition by id, to apply its truncation to a page read
-        self._read: OrderedDict[int, tuple[PartitionPage, int]] = OrderedDict()  # page → (page, bytes read)
-        self._read_bytes = 0
-        self._pages_loaded = 0
-        self._bytes_loaded = 0
-        self.stored_index = stored_index
-        self.timer: int | None = None  # registered with Spark (ms), or None, or _TIMER_NOT_RECORDED
-        self._expiries: dict[int, int] = {}  # page → its next expiry (seconds)
-        self.truncations: dict[bytes, Deletion] = {}
-        self.truncation_events: dict[bytes, int] = {}  # table id → the truncation time (ms) of its last event
-        if stored_index is None:
-            return
-        stored = pickle.loads(stored_index)
-        if isinstance(stored, tuple) and stored[0] == _PAGED:
-            _, self.timer, self._expiries, self.truncations, self.truncation_events = stored
-            return
-        # A group stored whole: a dict of its partitions before groups recorded their timer, then a tuple
-        # (timer, partitions), then with the group's truncations and truncation events after them.
-        if isinstance(stored, dict):
-            stored = (_TIMER_NOT_RECORDED, stored)
-        self.timer, partitions, self.truncations, self.truncation_events = (*stored, {}, {})[:4]
-        for key, value in partitions.items():  # each already deleted by the group's truncations
-            page = page_of(key, pages)
-            if page not in self._read:
-                self._read[page] = (PartitionPage({}, dict(self.truncations), changed=True, nodes=nodes), 0)
-            self._read[page][0].stored[key] = value
-
-    def read_ahead(self, records: list[tuple[int | None, bytes, bytes]]
-                   ) -> Iterator[list[tuple[int | None, bytes, bytes]]]:
-        """A run of ``in_page_order`` in windows, the pages of each read before it is yielded, in one exchange:
-        as many pages as fit in ``PAGES_IN_MEMORY_BYTES`` at the size of the pages read so far."""
-        start = 0
-        while start < len(records):
-            fit = self._pages_that_fit()
-            wanted: set[int] = set()
-            end = start
-            while end < len(records):
-                page = records[end][0]
-                if page is not None and page not in wanted and page not in self._read:
-                    if len(wanted) == fit:
-                        break
-                    wanted.add(page)
-                end += 1
-            self.read(wanted)
-            yield records[start:end]
-            start = end
-
-    def _pages_that_fit(self) -> int:
-        if not self._pages_loaded:
-            return FIRST_READ_AHEAD_PAGES
-        page_bytes = max(1, self._bytes_loaded // self._pages_loaded)
-        return max(1, min(READ_AHEAD_PAGES, PAGES_IN_MEMORY_BYTES // page_bytes))
-
-    def read(self, pages: Iterable[int]) -> None:
-        """Read those of ``pages`` not read yet, in one exchange with the state server, then write back the
-        least recently used of the others while the pages read exceed ``PAGES_IN_MEMORY_BYTES`` (those just
-        read are kept: ``read_ahead`` asks for as many as fit)."""
-        wanted = sorted(page for page in set(pages) if page not in self._read)
-        if not wanted:
-            return
-        for page, stored in zip(wanted, self._pages_state.get_all([(page,) for page in wanted])):
-            partitions = PartitionPage.load(None if stored is None else stored[0], self._nodes)
-            self._apply_truncations(partitions)
-            size = 0 if stored is None else len(stored[0])
-            self._read[page] = (partitions, size)
-            self._read_bytes += size
-            self._pages_loaded += 1
-            self._bytes_loaded += size
-        written_back = []
-        while self._read_bytes > PAGES_IN_MEMORY_BYTES and len(self._read) > len(wanted):
-            page, (partitions, size) = self._read.popitem(last=False)
-            self._read_bytes -= size
-            written_back.append((page, partitions))
-        self._write_back(written_back)
-
-    def _page(self, page: int) -> PartitionPage:
-        if page not in self._read:
-            self.read((page,))
-        self._read.move_to_end(page)
-        return self._read[page][0]
-
-    def _apply_truncations(self, page: PartitionPage) -> None:
-        """Apply to a page just read the group's truncations it has not had yet."""
-        for table_id, deletion in self.truncations.items():
-            if page.truncations.get(table_id) == deletion:
-                continue
-            table = self._definition(table_id)
-            # Unknown: its partitions cannot be merged either; applied once it is known.
-            if table is not None:
-                page.truncate(table_id, deletion, table)
-
-    def _write_back(self, pages: list[tuple[int, PartitionPage]]) -> None:
-        """Write ``(page number, page)``s back, in one exchange with the state server (two when some have no
-        partitions left)."""
-        updated: list[tuple[tuple[int], tuple[bytes]]] = []
-        removed: list[tuple[int]] = []
-        for page, partitions in pages:
-            if not partitions.changed:
-                continue  # as it was read (its expiry unchanged)
-            stored = partitions.dump()
-            expiry = partitions.earliest_expiry()
-            if expiry is None:
-                self._expiries.pop(page, None)
-            else:
-                self._expiries[page] = expiry
-            if stored is None:
-                removed.append((page,))
-            else:
-                updated.append(((page,), (stored,)))
-        if updated:
-            self._pages_state.update_all(updated)
-        if removed:
-            self._pages_state.remove_all(removed)
-        self._nodes.flush()  # the wide partitions' leaves the pages sealed
-
-    def read_leaves(self, updates: Iterable[tuple[bytes, TableMetadata, PartitionUpdate]]) -> None:
-        """Read, in one exchange per level of their trees, the nodes of wide partitions the rows of
-        ``(partition key, table, update)``s are in."""
-        wanted: dict[bytes, tuple[PartitionState, list[Clustering]]] = {}
-        for key, table, update in updates:
-            if not update.rows:
-                continue
-            state = self.page(key).get(key)
-            if state is None or state.rows.inline:
-                continue
-            state.rows.order = table_view(table).clustering_sort_key
-            wanted.setdefault(key, (state, []))[1].extend(row.clustering for row in update.rows)
-        while wanted:
-            unread = {key: state.rows.unread(clusterings, functools.partial(self._nodes.available, key))
-                      for key, (state, clusterings) in wanted.items()}
-            self._nodes.read_ahead((key, node) for key, nodes in unread.items() for node in sorted(nodes))
-            wanted = {key: wanted[key] for key, nodes in unread.items() if nodes}
-
-    def page(self, key: bytes) -> "PartitionPage":
-        """The page of a partition key, read if it is not yet."""
-        return self._page(page_of(key, self._pages))
-
-    def remove(self, key: bytes) -> None:
-        self.page(key).remove(key)
-
-    def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata) -> None:
-        """Keep a truncation of a table, the table's newest, for its partitions held and to come, and apply
-        it to the pages read (the others have it applied when read)."""
-        newest = max(deletion, self.truncations.get(table_id, deletion))
-        self.truncations[table_id] = newest
-        for partitions, _ in self._read.values():
-            partitions.truncate(table_id, newest, table)
-
-    def new_truncation(self, record: TruncationRecord) -> bool:
-        """Whether a truncation record is of a truncation whose event is not written yet (noting that it is
-        now): not a node's copy of the last one."""
-        last = self.truncation_events.get(record.table_id)
-        if last is not None and record.truncated_at_ms <= last + TRUNCATION_COPIES_WINDOW_MS:
-            return False
-        self.truncation_events[record.table_id] = record.truncated_at_ms
-        return True
-
-    def due(self, now_seconds: int) -> Iterator[tuple[bytes, PartitionState]]:
-        """The partitions whose stored expiry has come, opened: only the pages due are read."""
-        pages = sorted({page for page, expiry in self._expiries.items() if expiry <= now_seconds}.union(self._read))
-        start = 0
-        while start < len(pages):
-            window = pages[start:start + self._pages_that_fit()]
-            self.read(window)
-            for page in window:
-                partitions = self._page(page)
-                for key in partitions.due_keys(now_seconds):
-                    yield key, partitions.get(key)  # type: ignore[misc]
-            start += len(window)
-
-    def write_pages(self) -> None:
-        """Write back every page read (the partitions opened pickled again)."""
-        self._write_back([(page, partitions) for page, (partitions, _) in self._read.items()])
-        self._read.clear()
-        self._read_bytes = 0
-
-    def earliest_expiry(self) -> int | None:
-        """The earliest expiry of the group's pages, once written back."""
-        return min(self._expiries.values(), default=None)
-
-    def index(self) -> bytes | None:
-        """The group's index value; None when there is nothing to record."""
-        if self.timer is None and not self._expiries and not self.truncations and not self.truncation_events:
-            return None
-        return pickle.dumps((_PAGED, self.timer, self._expiries, self.truncations, self.truncation_events),
-                            protocol=pickle.HIGHEST_PROTOCOL)
-
-
-class PartitionPage:
-    """The merge states of a page of a group's partitions, each pickled on its own with its next expiry and its
-    recent digests beside it, and the truncations applied to them (table id → deletion).
-
-    A micro-batch touches some of them: only those are unpickled and pickled again, the others stay bytes
-    (copied, never decoded). A partition whose digests show a record merged already is not even unpickled;
-    a page none of whose partitions was opened, added, removed or truncated is not ``changed``: it need not be
-    written back.
-    """
-
-    def __init__(self, stored: dict[bytes, tuple[Any, ...]], truncations: dict[bytes, Deletion] | None = None,
-                 changed: bool = False, nodes: RowNodes | None = None) -> None:
-        # partition key → (next expiry, pickled PartitionState.stored(), its digests); pages written before the
-        # digests were kept apart hold (next expiry, pickled state with its digests).
-        self.stored = stored
-        self._opened: dict[bytes, PartitionState] = {}
-        self.truncations = truncations or {}
-        self._changed = changed
-        self._nodes = nodes  # where the rows of its wide partitions are (their trees' nodes)
-
-    @classmethod
-    def load(cls, value: bytes | None, nodes: RowNodes | None = None) -> "PartitionPage":
-        """A page's value as ``dump`` made it (None: no state)."""
-        if value is None:
-            return cls({}, nodes=nodes)
-        return cls(*pickle.loads(value), nodes=nodes)
-
-    @property
-    def changed(self) -> bool:
-        """Whether the page differs from the value it was read from."""
-        return self._changed or bool(self._opened)
-
-    def get(self, key: bytes) -> PartitionState | None:
-        """The partition's state, opened to be merged into (the page is then ``changed``)."""
-        state = self._opened.get(key)
-        if state is None and key in self.stored:
-            entry = self.stored[key]
-            stored = pickle.loads(entry[1])
-            # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
-            if isinstance(stored, PartitionState):
-                state = stored
-            else:
-                state = PartitionState.from_stored(stored, entry[2] if len(entry) > 2 else (), self._loader(key))
-            self._opened[key] = state
-        return state
-
-    def seen(self, key: bytes, digest: bytes | None) -> bool:
-        """Whether the partition has merged the update of this digest recently, from the digests stored beside
-        its state when they are (else from the state, opened)."""
-        if digest is None:
-            return False
-        state = self._opened.get(key)
-        if state is None:
-            entry = self.stored.get(key)
-            if entry is None:
-                return False
-            if len(entry) > 2:
-                return digest in entry[2]
-            state = self.get(key)
-            assert state is not None
-        return state.seen(digest)
-
-    def _loader(self, key: bytes) -> Callable[[int], bytes] | None:
-        nodes = self._nodes
-        if nodes is None:
-            return None
-        return lambda node: nodes.read(key, node)
-
-    def add(self, key: bytes, state: PartitionState) -> None:
-        self._opened[key] = state
-
-    def truncate(self, table_id: bytes, deletion: Deletion, table: TableMetadata) -> None:
-        """Apply a truncation of a table to its partitions here (those left with nothing else are dropped).
-
-        Each partition is deleted at its own clock: a page read later than the truncation must not move its
-        partitions' clocks on, or what expired in between (written after the truncation) would have no event.
-        """
-        self.truncations[table_id] = deletion
-        self._changed = True
-        for key in [key for key in self.stored.keys() | self._opened.keys() if key[:16] == table_id]:
-            state = self.get(key)
-            assert state is not None and state.clock is not None  # every state stored was merged at a time
-            delete_partition(state, table, deletion, state.clock)
-            if only_deleted_by(state, deletion):
-                self.remove(key)
-
-    def remove(self, key: bytes) -> None:
-        """Drop a partition, and the leaves of its rows."""
-        state = self.get(key)
-        if state is not None and not state.rows.inline:
-            self._row_nodes().remove(key, state.rows.node_ids())
-        self._opened.pop(key, None)
-        self.stored.pop(key, None)
-        self._changed = True
-
-    def _row_nodes(self) -> RowNodes:
-        if self._nodes is None:
-            raise RuntimeError("this page has nowhere to keep the leaves of its partitions' rows")
-        return self._nodes
-
-    def due_keys(self, now_seconds: int) -> list[bytes]:
-        """The partitions whose stored expiry has come (the opened ones sealed first)."""
-        self.seal()
-        return [key for key, (expiry, *_) in self.stored.items()
-                if expiry is not None and expiry <= now_seconds]
-
-    def seal(self) -> None:
-        """Pickle the opened partitions again (and note their next expiries and digests)."""
-        for key, state in self._opened.items():
-            sealed, written, removed = state.seal()
-            if written or removed:
-                nodes = self._row_nodes()
-                nodes.write(key, written)
-                nodes.remove(key, removed)
-            stored = pickle.dumps(sealed, protocol=pickle.HIGHEST_PROTOCOL)
-            self.stored[key] = (next_expiry(state), stored, state.digests)
-        if self._opened:
-            self._changed = True
-        self._opened.clear()
-
-    def dump(self) -> bytes | None:
-        """The page's value, sealed first; None when it has no partitions."""
-        self.seal()
-        if not self.stored:
-            return None
-        return pickle.dumps((self.stored, self.truncations), protocol=pickle.HIGHEST_PROTOCOL)
-
-    def earliest_expiry(self) -> int | None:
-        self.seal()
-        return min((entry[0] for entry in self.stored.values() if entry[0] is not None), default=None)

@@ -51,11 +51,10 @@ class SparkSettings(_Section):
     shuffle_partitions: int = Field(2, ge=1, description="State store partitions, i.e. the tasks that merge in "
                                                          "parallel (fixed once a checkpoint exists).")
     state_pages: int = Field(256, ge=1, le=1 << 20,
-                             description="Pages of merge state per raw topic partition: "
-                             "a micro-batch reads and writes the pages its records touch; more pages make "
-                             "small batches write less and large batches cost more state calls (fixed once a "
-                             "checkpoint exists). Measured: 256 suits up to ~100k partition keys, 65536 ~1M, "
-                             "1048576 ~10M, over 12 raw partitions (docs/pipeline.md, Sizing).")
+                             description="Pages of merge state each raw topic partition starts with; they split "
+                             "as the state grows, so that a page holds about 8 KB whatever the table's size "
+                             "(fixed once a checkpoint exists; the default suits any table: docs/pipeline.md, "
+                             "State).")
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
     conf: dict[str, str] = Field(default_factory=dict, description="Extra Spark settings; YAML numbers and "
                                  "booleans reach Spark as text (`256`, `true`).")

@@ -137,8 +137,9 @@ def balanced_group_keys(spark: SparkSession, groups: int, partitions: int) -> li
 
 
 STATE_LAYOUT_FILE = "cassandra-cdc-state.json"
-# 5: grouped by raw topic partition, each group's state in pages, a wide partition's rows in leaves beside
-# them; 4: the same, every partition's rows inline (read by version 5: rows inline are a tree of one leaf); 3:
+# 5: grouped by raw topic partition, each group's state in pages that split as it grows, a wide partition's
+# rows in leaves beside them; 4: the same, pages fixed in number, every partition's rows inline (read by
+# version 5: those pages have not split yet, rows inline are a tree of one leaf); 3:
 # the same, each group's state one value (read by version 5, which pages a group as it writes it); 2: by hash
 # bucket; 1 (no file): by bucket number
 STATE_LAYOUT_VERSION = 5
