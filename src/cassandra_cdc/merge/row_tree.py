@@ -38,11 +38,12 @@ EventOf = Callable[[RowState], int | None]
 
 
 class _Leaf:
-    __slots__ = ("rows", "stored")
+    __slots__ = ("rows", "stored", "event")
 
     def __init__(self, rows: dict[Clustering, RowState], stored: bytes | None) -> None:
         self.rows = rows
         self.stored = stored  # the bytes it was read from; None: not stored yet
+        self.event: int | None = None  # an event noted since it was read, not yet in its entry
 
 
 class _Inner:
@@ -69,12 +70,13 @@ def _dumps(value: Any) -> bytes:
 class RowTree:
     """The rows of one partition: a mapping of clustering → ``RowState`` read and stored in leaves."""
 
-    __slots__ = ("_root", "_height", "_next_id", "load", "order")
+    __slots__ = ("_root", "_height", "_next_id", "load", "order", "_leaves_of")
 
     def __init__(self, stored: dict[Clustering, StoredRow] | StoredRoot | None = None,
                  load: Callable[[int], bytes] | None = None) -> None:
         self.load = load  # a stored node's bytes, by its id
         self.order: SortKey | None = None
+        self._leaves_of: dict[Clustering, _Leaf] = {}  # the leaf of each row of the leaves read (not inline)
         if stored is None or isinstance(stored, dict):
             self._root: _Leaf | _Inner = _leaf(stored, None)
             self._height = 0
@@ -103,8 +105,11 @@ class RowTree:
             if self.load is None:
                 raise RuntimeError(f"node {node_id} of a partition's rows is not read and nothing can read it")
             raw = self.load(node_id)
-            child = _leaf(pickle.loads(raw), raw) if height == 0 else _Inner(
-                [list(entry) for entry in pickle.loads(raw)], raw)
+            if height == 0:
+                child = _leaf(pickle.loads(raw), raw)
+                self._leaves_of.update(dict.fromkeys(child.rows, child))
+            else:
+                child = _Inner([list(entry) for entry in pickle.loads(raw)], raw)
             node.children[node_id] = child
         return child
 
@@ -114,16 +119,15 @@ class RowTree:
             raise RuntimeError("the rows' order is not known: the merge gives it before reading rows")
         return max(0, bisect_right(node.entries, order(clustering), lo=1, key=lambda entry: order(entry[0])) - 1)
 
-    def _leaf_of(self, clustering: Clustering, event: int | None = None) -> _Leaf:
-        """The leaf a clustering belongs in; ``event``: lower the next event on the way to it."""
+    def _leaf_of(self, clustering: Clustering) -> _Leaf:
+        """The leaf a clustering belongs in: the one its row is in, once read, else found from the root."""
+        leaf = self._leaves_of.get(clustering)
+        if leaf is not None:
+            return leaf
         node = self._root
         for height in range(self._height - 1, -1, -1):
             assert isinstance(node, _Inner)
-            index = self._index(node, clustering)
-            entry = node.entries[index]
-            if event is not None and (entry[2] is None or event < entry[2]):
-                entry[2] = event
-            node = self._child(node, index, height)
+            node = self._child(node, self._index(node, clustering), height)
         assert isinstance(node, _Leaf)
         return node
 
@@ -164,10 +168,14 @@ class RowTree:
         return self._leaf_of(clustering).rows[clustering]
 
     def __setitem__(self, clustering: Clustering, row: RowState) -> None:
-        self._leaf_of(clustering).rows[clustering] = row
+        leaf = self._leaf_of(clustering)
+        leaf.rows[clustering] = row
+        if self._height:
+            self._leaves_of[clustering] = leaf
 
     def __delitem__(self, clustering: Clustering) -> None:
         del self._leaf_of(clustering).rows[clustering]
+        self._leaves_of.pop(clustering, None)
 
     def __contains__(self, clustering: object) -> bool:
         return self.get(clustering) is not None  # type: ignore[arg-type]
@@ -227,12 +235,31 @@ class RowTree:
                 if covers(start, start_inclusive, end, end_inclusive, c)]
 
     def note_event(self, clustering: Clustering, when: int | None) -> None:
-        """Something in the row of ``clustering`` expires or becomes purgeable at ``when``."""
+        """Something in the row of ``clustering`` expires or becomes purgeable at ``when`` (its leaf's entry,
+        and those above, lowered by ``_settle_events``)."""
         if when is not None and self._height:
-            self._leaf_of(clustering, when)
+            leaf = self._leaf_of(clustering)
+            if leaf.event is None or when < leaf.event:
+                leaf.event = when
+
+    def _settle_events(self) -> None:
+        """Lower the entries of the leaves read, and of the nodes above them, to the events noted since."""
+        def settle(node: _Leaf | _Inner) -> int | None:
+            if isinstance(node, _Leaf):
+                event, node.event = node.event, None
+                return event
+            for entry in node.entries:
+                child = node.children.get(entry[1])
+                event = None if child is None else settle(child)
+                if event is not None and (entry[2] is None or event < entry[2]):
+                    entry[2] = event
+            return _min_event(node.entries)
+        if self._height:
+            settle(self._root)
 
     def due(self, now: int) -> list[Clustering]:
         """The clusterings of the leaves whose next event has come (every row, when inline)."""
+        self._settle_events()
         return [c for leaf in self._leaves(lambda entry: entry[2] is not None and entry[2] <= now)
                 for c in leaf.rows]
 
@@ -246,6 +273,7 @@ class RowTree:
                 if entry[2] is not None and entry[2] <= now:
                     entry[2] = refresh(self._child(node, index, height - 1), height - 1)
             return _min_event(node.entries)
+        self._settle_events()
         return refresh(self._root, self._height)
 
     # --- storing ------------------------------------------------------------------------------------
@@ -267,6 +295,16 @@ class RowTree:
                                                     dict[int, bytes], list[int]]:
         """The root as the partition's state keeps it (None: no rows), the nodes to write (id → bytes) and the
         ids of those to remove. ``next_event``: the partition's, a lower bound for leaves made of inline rows."""
+        self._settle_events()
+        sealed = self._sealed(next_event)
+        # The nodes read are dropped: the tree reads them again (as written) if it is used after.
+        self._leaves_of.clear()
+        if isinstance(self._root, _Inner):
+            self._root.children.clear()
+        return sealed
+
+    def _sealed(self, next_event: int | None) -> tuple[dict[Clustering, StoredRow] | StoredRoot | None,
+                                                      dict[int, bytes], list[int]]:
         written: dict[int, bytes] = {}
         removed: list[int] = []
         root = self._root
