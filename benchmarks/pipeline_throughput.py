@@ -5,7 +5,8 @@ Throughput: a workload of ``--records`` raw records (each write copied by RF=3 r
 processes the backlog from scratch; reported: raw records/s in total and per core
 (2 cores), with and without the session/query start-up.
 
-Latency: three simulated nodes, three agents and the pipeline run together; writes go into the
+Latency: three simulated nodes, three agents and the pipeline run together (on the backlog's state, for a
+series shape, its partitions appended to and updated as the shape says); writes go into the
 segments at a steady moderate rate with a sync every 50 ms (Cassandra's periodic sync is 10 s by
 default; a faster one is what a latency-minded deployment uses), and each write's event is timed
 from the write into the segment to its arrival in the output topic; reported: p50/p99 after a warm-up
@@ -522,11 +523,49 @@ def raw_records(progress: dict[str, Any]) -> int:
     return sum(end.values()) - sum(start.get(partition, 0) for partition in end)
 
 
+class LatencyWrites:
+    """The latency run's writes, each with a number its event carries back: new users from ``first_key`` on,
+    or, for a series shape, rows appended to the backlog's partitions (in turn, or Zipf-distributed) and,
+    ``update_existing`` of the time, updates of a random row the backlog wrote."""
+
+    def __init__(self, shape: Shape, keys: int, first_key: int, backlog_writes: int) -> None:
+        self.shape = shape
+        self.series = shape.rows_per_partition > 1
+        self.topic_table = "bench.series" if self.series else "bench.users"
+        self.first_key = first_key
+        self.backlog = Backlog(shape, keys, 0, preloaded=False, seed=2)
+        self.filled = max(1, min(shape.rows_per_partition, backlog_writes // max(1, keys)))
+        self.appended = [0] * keys
+
+    def write(self, n: int) -> Operation:
+        timestamp = time.time_ns() // 1000
+        if not self.series:
+            return Insert("bench.users", {"id": self.first_key + n, "name": "x", "age": 1}, timestamp=timestamp)
+        key = self.backlog.key(n)
+        if self.backlog.random.random() < self.shape.update_existing:
+            return Update("bench.series", {"pk": key, "ts": self.backlog.random.randrange(self.filled)},
+                          {"v": f"w{n}"}, timestamp=timestamp)
+        self.appended[key] += 1
+        return Insert("bench.series", {"pk": key, "ts": self.shape.rows_per_partition + self.appended[key],
+                                       "v": f"w{n}"}, timestamp=timestamp)
+
+    def number(self, event: dict[str, Any]) -> int | None:
+        """The write an event is of (None: not one of these writes)."""
+        after = event["payload"]["after"]
+        if after is None:
+            return None
+        if not self.series:
+            return after["id"] - self.first_key
+        value = after.get("v") or ""
+        return int(value[1:]) if value.startswith("w") else None
+
+
 def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partitions: int,
             warmup: float, server: str = "lat", checkpoint: Path | None = None,
-            first_key: int = 0) -> dict[str, Any]:
-    """With ``checkpoint`` (and the ``server`` whose raw topic it read), on the state it holds; the writes are
-    of new keys from ``first_key`` on."""
+            writes: LatencyWrites | None = None) -> dict[str, Any]:
+    """With ``checkpoint`` (and the ``server`` whose raw topic it read), on the state it holds; ``writes``:
+    new users by default."""
+    writes = writes or LatencyWrites(Shape(), 1, 0, 0)
     schema_file = work / "latency.cql"
     schema_file.write_text(SCHEMA)
     schema = parse_schema(SCHEMA)
@@ -557,7 +596,7 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
     def consume() -> None:
         consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "latency",
                              "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
-        topic = f"{server}.bench.users"
+        topic = f"{server}.{writes.topic_table}"
         while not stop.is_set():
             metadata = consumer.list_topics(timeout=5).topics.get(topic)
             if metadata is None or metadata.error is not None:
@@ -570,8 +609,9 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
         while not stop.is_set():
             for message in consumer.consume(500, timeout=0.2):
                 if message.error() is None and message.value():
-                    key = json.loads(message.key())["payload"]["id"]
-                    arrived.setdefault(key, time.monotonic())
+                    number = writes.number(json.loads(message.value()))
+                    if number is not None:
+                        arrived.setdefault(number, time.monotonic())
         consumer.close()
 
     reader = threading.Thread(target=consume, daemon=True)
@@ -579,7 +619,7 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
     time.sleep(10)  # the session and the query start
     interval = 1 / rate
     next_sync = time.monotonic()
-    key = first_key
+    key = 0
     # The first writes meet a cold pipeline (its stateful stage's Python workers start with the first batch
     # that has data, and the JVM compiles as it goes): they are written, but measured apart from the rest.
     measured_from = time.monotonic() + warmup
@@ -594,7 +634,7 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
         key += 1
         if first_measured is None and time.monotonic() >= measured_from:
             first_measured = key
-        cluster.execute(Insert("bench.users", {"id": key, "name": "x", "age": 1}, timestamp=time.time_ns() // 1000))
+        cluster.execute(writes.write(key))
         if time.monotonic() >= next_sync:
             cluster.sync_all()
             next_sync = time.monotonic() + 0.05
@@ -616,8 +656,7 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
     delays = sorted(in_order)
     quarters = [sorted(in_order[i * len(in_order) // 4:(i + 1) * len(in_order) // 4]) for i in range(4)]
     return {"warmup_writes": len(written) - len(measured),
-            "first_write_ms": (round(1000 * (arrived[first_key + 1] - written[first_key + 1]))
-                               if first_key + 1 in arrived else None),
+            "first_write_ms": round(1000 * (arrived[1] - written[1])) if 1 in arrived else None,
             "warmup_p99_ms": round(1000 * percentile(sorted(arrived[k] - written[k] for k in written
                                                            if k not in measured and k in arrived), 0.99)),
             "writes": len(measured), "events": len(delays), "p50_ms": 1000 * statistics.median(delays),
@@ -683,16 +722,17 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, broker: Broker, work: Path) -> None:
+    shape = Shape(args.rows_per_partition, args.update_existing, args.zipf, args.copies_apart, args.copies_rate)
     if not args.skip_throughput:
-        shape = Shape(args.rows_per_partition, args.update_existing, args.zipf, args.copies_apart, args.copies_rate)
         figures = throughput(broker, work, args.records, args.keys, args.batch_records, args.preload_keys, shape)
         print("throughput:", json.dumps(figures, indent=1))
         print(f"target 20,000 raw records/s per core: {'met' if figures['per_core'] >= 20_000 else 'NOT met'}")
     if args.skip_latency:
         return
-    on_state = {"server": "bench", "checkpoint": work / "checkpoint", "first_key": args.preload_keys}
+    on_state = not args.skip_throughput and (args.preload_keys or shape.rows_per_partition > 1)
+    writes = LatencyWrites(shape, args.keys, args.preload_keys, args.records // 3 if on_state else 0)
     lat = latency(broker, work, args.latency_seconds, args.rate, args.raw_partitions, args.warmup_seconds,
-                  **(on_state if args.preload_keys and not args.skip_throughput else {}))
+                  **({"server": "bench", "checkpoint": work / "checkpoint"} if on_state else {}), writes=writes)
     print("latency:", json.dumps(lat, indent=1))
     print(f"target p99 < 2 s: {'met' if lat['p99_ms'] < 2000 else 'NOT met'}")
 
