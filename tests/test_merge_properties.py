@@ -84,7 +84,7 @@ class NodeStore:
         for node in removed:
             del self.nodes[(key, node)]
         self.nodes.update({(key, node): value for node, value in written.items()})
-        return PartitionState.from_stored(pickle.loads(pickle.dumps(stored)), state.digests,
+        return PartitionState.from_stored(pickle.loads(stored), state.digests,
                                           lambda node: self.nodes[(key, node)])
 
 

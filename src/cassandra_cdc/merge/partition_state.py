@@ -23,6 +23,7 @@ the same function (``Cells.reconcile``, ``LivenessInfo.supersedes``, ``DeletionT
 
 from __future__ import annotations
 
+import pickle
 from typing import Any, Callable
 
 from ..storage.cells import EXPIRED_LIVENESS_TTL, Cell, DeletionTime, LivenessInfo
@@ -201,11 +202,18 @@ class PartitionState:
         rows = {clustering: row.stored() for clustering, row in self.rows.items()} or None
         return self._stored(rows)
 
-    def seal(self) -> tuple[StoredState, dict[int, bytes], list[int]]:
-        """The state as builtins (``stored``), its rows' root in place of its rows, and the leaves and inner
-        nodes of its rows to write (node id → bytes) and to remove (``RowTree.seal``)."""
-        root, written, removed = self.rows.seal(self.next_event)
-        return self._stored(root), written, removed
+    def seal(self) -> tuple[bytes, dict[int, bytes], list[int]]:
+        """The state pickled as the pipeline keeps it (``stored``, its rows' root in place of its rows once they
+        are in leaves), and the nodes of its rows to write (node id → bytes) and to remove (``RowTree.seal``).
+        Rows inline are measured as the state is pickled: only a state grown past a leaf's size has its rows
+        looked at again, to be split."""
+        root, written, removed = self.rows.seal(self.next_event, split_inline=False)
+        pickled = pickle.dumps(self._stored(root), protocol=pickle.HIGHEST_PROTOCOL)
+        if self.rows.outgrown(len(pickled)):  # (a tree sealed first may have come back inline, its nodes removed)
+            root, split, _ = self.rows.seal(self.next_event)
+            written.update(split)
+            pickled = pickle.dumps(self._stored(root), protocol=pickle.HIGHEST_PROTOCOL)
+        return pickled, written, removed
 
     def _stored(self, rows: Any) -> StoredState:
         static = None if self.static is None else self.static.stored()

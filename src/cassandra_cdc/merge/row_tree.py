@@ -96,6 +96,10 @@ class RowTree:
         """Whether the rows are all in the partition's state (one leaf, no node stored apart)."""
         return self._height == 0
 
+    def outgrown(self, state_bytes: int) -> bool:
+        """Whether rows inline in a state of this many bytes (pickled) may have outgrown a leaf."""
+        return self._height == 0 and state_bytes > LEAF_BYTES
+
     # --- reading the nodes --------------------------------------------------------------------------
 
     def _child(self, node: _Inner, index: int, height: int) -> _Leaf | _Inner:
@@ -162,6 +166,8 @@ class RowTree:
     # --- the mapping --------------------------------------------------------------------------------
 
     def get(self, clustering: Clustering) -> RowState | None:
+        if not self._height:
+            return self._root.rows.get(clustering)  # type: ignore[union-attr]
         return self._leaf_of(clustering).rows.get(clustering)
 
     def __getitem__(self, clustering: Clustering) -> RowState:
@@ -291,28 +297,31 @@ class RowTree:
             walk(self._root, self._height)
         return ids
 
-    def seal(self, next_event: int | None) -> tuple[dict[Clustering, StoredRow] | StoredRoot | None,
-                                                    dict[int, bytes], list[int]]:
+    def seal(self, next_event: int | None, split_inline: bool = True
+             ) -> tuple[dict[Clustering, StoredRow] | StoredRoot | None, dict[int, bytes], list[int]]:
         """The root as the partition's state keeps it (None: no rows), the nodes to write (id → bytes) and the
-        ids of those to remove. ``next_event``: the partition's, a lower bound for leaves made of inline rows."""
+        ids of those to remove. ``next_event``: the partition's, a lower bound for leaves made of inline rows;
+        ``split_inline`` False: rows inline stay so, unmeasured (the state measures them as it is pickled)."""
         self._settle_events()
-        sealed = self._sealed(next_event)
+        sealed = self._sealed(next_event, split_inline)
         # The nodes read are dropped: the tree reads them again (as written) if it is used after.
         self._leaves_of.clear()
         if isinstance(self._root, _Inner):
             self._root.children.clear()
         return sealed
 
-    def _sealed(self, next_event: int | None) -> tuple[dict[Clustering, StoredRow] | StoredRoot | None,
-                                                      dict[int, bytes], list[int]]:
+    def _sealed(self, next_event: int | None, split_inline: bool
+                ) -> tuple[dict[Clustering, StoredRow] | StoredRoot | None, dict[int, bytes], list[int]]:
         written: dict[int, bytes] = {}
         removed: list[int] = []
         root = self._root
         if isinstance(root, _Leaf):
             stored = {c: row.stored() for c, row in root.rows.items()}
-            raw = _dumps(stored)
-            if len(raw) <= LEAF_BYTES or len(stored) == 1 or self.order is None:
+            if not split_inline or len(stored) <= 1 or self.order is None:
                 return stored or None, written, removed
+            raw = _dumps(stored)
+            if len(raw) <= LEAF_BYTES:
+                return stored, written, removed
             root = self._root = _Inner(self._split_leaf(root, [None, -1, next_event], raw, written), None)
             self._height = 1
         else:

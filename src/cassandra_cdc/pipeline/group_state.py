@@ -574,12 +574,11 @@ class PartitionPage:
     def seal(self) -> None:
         """Pickle the opened partitions again (and note their next expiries and digests)."""
         for key, state in self._opened.items():
-            sealed, written, removed = state.seal()
+            stored, written, removed = state.seal()
             if written or removed:
                 nodes = self._row_nodes()
                 nodes.write(key, written)
                 nodes.remove(key, removed)
-            stored = pickle.dumps(sealed, protocol=pickle.HIGHEST_PROTOCOL)
             self.stored[key] = (next_expiry(state), stored, state.digests)
         if self._opened:
             self._changed = True
