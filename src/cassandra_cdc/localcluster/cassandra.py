@@ -281,8 +281,7 @@ class CassandraCluster(JvmCluster):
         running = [node for node in self.nodes if node.running]
         expected = {node.address for node in running}
         with contextlib.ExitStack() as stack:
-            sessions = {node.address: self._connect(stack.enter_context(self.driver(only=node)), deadline)
-                        for node in running}
+            sessions = {node.address: self._session(stack, node, deadline) for node in running}
             while True:
                 views = {address: self._gossip_view(session, expected)
                          for address, session in sessions.items()}
@@ -293,22 +292,28 @@ class CassandraCluster(JvmCluster):
                                    f"(logs: {', '.join(str(node.system_log) for node in running)})")
                 time.sleep(0.2)
 
-    @staticmethod
-    def _connect(cluster: Any, deadline: float) -> Any:
-        """A session of ``cluster``: a node answering CQL may refuse logins until it has created the default
-        superuser, so failed logins are tried again until ``deadline``."""
+    def _session(self, stack: contextlib.ExitStack, node: CassandraNode, deadline: float) -> Any:
+        """A session of a driver of ``node`` alone, kept open by ``stack``: a node answering CQL may refuse
+        logins until it has created the default superuser, so failed logins are tried again until
+        ``deadline``, each with a new driver (the driver shuts a ``Cluster`` down when its first connection
+        fails)."""
         from cassandra import AuthenticationFailed
         from cassandra.cluster import NoHostAvailable
 
         while True:
-            try:
-                return cluster.connect()
-            except (AuthenticationFailed, NoHostAvailable) as error:
-                refused = isinstance(error, AuthenticationFailed) or any(
-                    isinstance(reason, AuthenticationFailed) for reason in error.errors.values())
-                if not refused or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+            with contextlib.ExitStack() as attempt:
+                cluster = attempt.enter_context(self.driver(only=node))
+                try:
+                    session = cluster.connect()
+                except (AuthenticationFailed, NoHostAvailable) as error:
+                    refused = isinstance(error, AuthenticationFailed) or any(
+                        isinstance(reason, AuthenticationFailed) for reason in error.errors.values())
+                    if not refused or time.monotonic() > deadline:
+                        raise
+                else:
+                    stack.enter_context(attempt.pop_all())
+                    return session
+            time.sleep(0.5)
 
     @staticmethod
     def _gossip_view(session: Any, addresses: set[str]) -> dict[str, tuple[int, str, Any]]:

@@ -121,7 +121,7 @@ class RowTree:
         order = self.order
         if order is None:
             raise RuntimeError("the rows' order is not known: the merge gives it before reading rows")
-        return max(0, bisect_right(node.entries, order(clustering), lo=1, key=lambda entry: order(entry[0])) - 1)
+        return bisect_right(node.entries, order(clustering), lo=1, key=lambda entry: order(entry[0])) - 1
 
     def _leaf_of(self, clustering: Clustering) -> _Leaf:
         """The leaf a clustering belongs in: the one its row is in, once read, else found from the root."""
