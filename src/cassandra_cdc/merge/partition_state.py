@@ -209,7 +209,8 @@ class PartitionState:
         looked at again, to be split."""
         root, written, removed = self.rows.seal(self.next_event, split_inline=False)
         pickled = pickle.dumps(self._stored(root), protocol=pickle.HIGHEST_PROTOCOL)
-        if self.rows.outgrown(len(pickled)):  # (a tree sealed first may have come back inline, its nodes removed)
+        # A tree may have come back inline as it was sealed: its removals stand, whatever a split writes.
+        if self.rows.outgrown(len(pickled)):
             root, split, _ = self.rows.seal(self.next_event)
             written.update(split)
             pickled = pickle.dumps(self._stored(root), protocol=pickle.HIGHEST_PROTOCOL)

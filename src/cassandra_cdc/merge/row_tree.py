@@ -348,7 +348,8 @@ class RowTree:
         if not root.entries:
             self._root, self._height = _Leaf({}, None), 0
             return None, written, removed
-        return (self._next_id, self._height, [tuple(entry) for entry in root.entries]), written, removed  # type: ignore
+        stored_root = (self._next_id, self._height, [tuple(entry) for entry in root.entries])
+        return stored_root, written, removed  # type: ignore[return-value]
 
     def _new_id(self) -> int:
         self._next_id += 1
