@@ -80,17 +80,16 @@ def test_the_garbage_collector_is_paused_for_a_batch_only() -> None:
 
 
 def test_partitions_pickled_as_objects_are_read_and_stored_as_builtins() -> None:
-    """States stored before ``PartitionState.stored`` (pickled objects) are read; all are stored anew."""
+    """States stored as pickled objects (before builtins) are read; all are stored anew."""
     insert = update_bytes(Insert("app.users", {"id": 1, "name": "ann", "age": 30}, timestamp=NOW))
     state = PartitionState()
     update = PartitionUpdateSerializer.deserialize(DataInput(insert), SCHEMA, 7)
     apply(state, update, SCHEMA.table("app", "users"), NOW // 1_000_000)
-    old, new = pickle.dumps(state), pickle.dumps(state.stored())
+    old, new = pickle.dumps(state), state.seal()[0]
     partitions = PartitionPage({b"old": (None, old), b"new": (None, new)})
     assert partitions.get(b"old").__reduce__() == partitions.get(b"new").__reduce__() == state.__reduce__()
     stored, _ = pickle.loads(partitions.dump())  # type: ignore[arg-type]
-    assert {key: pickle.loads(value) for key, (_, value, _) in stored.items()} == {b"old": state.stored(),
-                                                                                    b"new": state.stored()}
+    assert {key: value for key, (_, value, _) in stored.items()} == {b"old": new, b"new": new}
 
 
 class _MemoryState:
@@ -317,11 +316,12 @@ def test_a_page_stored_with_the_digests_inside_the_states_still_knows_its_copies
     state = PartitionState()
     update = PartitionUpdateSerializer.deserialize(DataInput(insert), SCHEMA, 7)
     apply(state, update, SCHEMA.table("app", "users"), NOW // 1_000_000, digest=b"d" * 16)
-    older = PartitionPage({b"key": (None, pickle.dumps(state.stored() + (state.digests,)))})
+    sealed = state.seal()[0]
+    older = PartitionPage({b"key": (None, pickle.dumps(pickle.loads(sealed) + (state.digests,)))})
     assert older.seen(b"key", b"d" * 16) and not older.seen(b"key", b"e" * 16)
     assert older.changed
     stored, _ = pickle.loads(older.dump())  # type: ignore[arg-type]
-    assert stored[b"key"] == (None, pickle.dumps(state.stored(), protocol=pickle.HIGHEST_PROTOCOL), (b"d" * 16,))
+    assert stored[b"key"] == (None, sealed, (b"d" * 16,))
     current = PartitionPage(stored)
     assert current.seen(b"key", b"d" * 16) and not current.changed
 

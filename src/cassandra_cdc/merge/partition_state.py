@@ -2,7 +2,7 @@
 
 The state is what the pipeline keeps per partition in Spark's state store (pickled, in a map per raw
 topic partition), so it is made of tuples, dicts, bytes and ints only, without schema objects (columns are named
-by their ``str`` name); the two classes pickle as bare tuples, and ``PartitionState.stored`` gives the
+by their ``str`` name); the two classes pickle as bare tuples, and ``PartitionState.seal`` gives the
 builtins alone, as the pipeline stores them.
 
 Every part merges with a rule that is commutative, associative and idempotent: the winner of two
@@ -37,7 +37,7 @@ NO_TIMESTAMP = -(1 << 63)
 Shard = tuple[int, int, int]
 Range = tuple[Clustering, bool, Clustering, bool, Deletion]  # start, inclusive, end, inclusive, deletion
 
-# ``PartitionState.stored()``: the state as builtins, in its constructor's order.
+# ``PartitionState.seal()``'s state as builtins, in its constructor's order (without the digests).
 StoredState = tuple[Any, ...]
 
 RECENT_DIGESTS = 4  # RF copies arrive close together; a missed copy merges to no change anyway
@@ -192,19 +192,11 @@ class PartitionState:
         return PartitionState, (self.key, self.deletion, self.ranges or None, self.static,
                                 dict(self.rows.items()) or None, self.clock, self.next_event, self.digests)
 
-    def stored(self) -> StoredState:
-        """The state of a partition whose rows are inline (``seal`` left no leaf apart) as builtins only, as
-        the pipeline keeps it: pickled and unpickled in two thirds of the time the objects take (no class to
-        look up, no ``__reduce__`` to call per row). Without the digests, which the pipeline keeps beside it:
-        a replica's copy is then found merged without unpickling the state."""
-        if not self.rows.inline:
-            raise ValueError("the rows of this partition are in leaves: seal() stores them")
-        rows = {clustering: row.stored() for clustering, row in self.rows.items()} or None
-        return self._stored(rows)
-
     def seal(self) -> tuple[bytes, dict[int, bytes], list[int]]:
-        """The state pickled as the pipeline keeps it (``stored``, its rows' root in place of its rows once they
-        are in leaves), and the nodes of its rows to write (node id → bytes) and to remove (``RowTree.seal``).
+        """The state pickled as the pipeline keeps it: as builtins only (``StoredState``: pickled and unpickled
+        in two thirds of the time the objects take), without the digests, which the pipeline keeps beside it
+        (a replica's copy is then found merged without unpickling the state), its rows' root in place of its
+        rows once they are in leaves; and the nodes of its rows to write (node id → bytes) and to remove (``RowTree.seal``).
         Rows inline are measured as the state is pickled: only a state grown past a leaf's size has its rows
         looked at again, to be split."""
         root, written, removed = self.rows.seal(self.next_event, split_inline=False)
@@ -223,7 +215,7 @@ class PartitionState:
     @staticmethod
     def from_stored(stored: StoredState, digests: tuple[bytes, ...] = (),
                     load: Callable[[int], bytes] | None = None) -> "PartitionState":
-        """The state ``stored`` or ``seal`` gave, with its ``digests`` (in ``stored`` itself when it was stored
+        """The state ``seal`` gave (unpickled), with its ``digests`` (in ``stored`` itself when it was stored
         with them, as before they were kept apart); ``load`` reads its rows' nodes stored apart."""
         key, deletion, ranges, static, rows, clock, next_event = stored[:7]
         return PartitionState(key, deletion, ranges, None if static is None else RowState(*static),

@@ -466,7 +466,7 @@ class PartitionPage:
 
     def __init__(self, stored: dict[bytes, tuple[Any, ...]], truncations: dict[bytes, Deletion] | None = None,
                  changed: bool = False, nodes: RowNodes | None = None) -> None:
-        # partition key → (next expiry, pickled PartitionState.stored(), its digests); pages written before the
+        # partition key → (next expiry, PartitionState.seal(), its digests); pages written before the
         # digests were kept apart hold (next expiry, pickled state with its digests).
         self.stored = stored
         self._opened: dict[bytes, PartitionState] = {}
@@ -492,7 +492,7 @@ class PartitionPage:
         if state is None and key in self.stored:
             entry = self.stored[key]
             stored = pickle.loads(entry[1])
-            # A checkpoint may hold states pickled as objects, as they were before ``PartitionState.stored``.
+            # A checkpoint may hold states pickled as objects, as they were before states were stored as builtins.
             if isinstance(stored, PartitionState):
                 state = stored
             else:
