@@ -446,8 +446,8 @@ class PagedGroup:
 
     def index(self) -> bytes | None:
         """The group's index value; None when there is nothing to record."""
-        if (self.timer is None and not self._bucket_expiries and not self.truncations and not self.truncation_events
-                and not self._level and not self._split and not self._stored_bytes):
+        if (self.timer is None and not self._bucket_expiries and not self.truncations
+                and not self.truncation_events and not (self._level or self._split or self._stored_bytes)):
             return None
         return pickle.dumps((_SPLIT_PAGES, self.timer, self._level, self._split, self._stored_bytes,
                              self._bucket_expiries, self.truncations, self.truncation_events),
@@ -492,7 +492,7 @@ class PartitionPage:
         if state is None and key in self.stored:
             entry = self.stored[key]
             stored = pickle.loads(entry[1])
-            # A checkpoint may hold states pickled as objects, as they were before states were stored as builtins.
+            # A checkpoint may hold states pickled as objects, as before they were stored as builtins.
             if isinstance(stored, PartitionState):
                 state = stored
             else:
