@@ -12,6 +12,8 @@ default; a faster one is what a latency-minded deployment uses), and each write'
 from the write into the segment to its arrival in the output topic; reported: p50/p99 after a warm-up
 (``--warmup-seconds`` of writes: the first batch with data starts the stateful stage's Python workers),
 the warm-up's own figures apart, and what the micro-batches cost (the query progress's ``durationMs``).
+With ``--latency-writer raw`` the writes' raw records are published at once instead, as the agents would
+(timed from their publication): the pipeline's part alone, with the CPU the nodes and agents would take.
 
     python benchmarks/pipeline_throughput.py [--records 1000000] [--keys 100000] [--latency-seconds 60]
 
@@ -587,24 +589,15 @@ class LatencyWrites:
 
 def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partitions: int,
             warmup: float, server: str = "lat", checkpoint: Path | None = None,
-            writes: LatencyWrites | None = None) -> dict[str, Any]:
+            writes: LatencyWrites | None = None, raw_writer: bool = False) -> dict[str, Any]:
     """With ``checkpoint`` (and the ``server`` whose raw topic it read), on the state it holds; ``writes``:
-    new users by default."""
+    new users by default; ``raw_writer``: the writes published as raw records (``RawWriter``), not through
+    simulated nodes and agents."""
     writes = writes or LatencyWrites(Shape(), 1, 0, 0)
-    schema_file = work / "latency.cql"
-    schema_file.write_text(SCHEMA)
-    schema = parse_schema(SCHEMA)
-    cluster = Cluster(work / "cluster", schema, nodes=3, rf=3, cassandra_version="4.1", segment_size=4 << 20)
-    agents = []
-    for node in cluster.nodes:
-        agent = Agent(agent_config(None, {"server": server, "node_id": node.node_id, "cdc_raw": str(node.cdc_raw_dir),
-                                          "state_dir": str(work / f"state-{node.node_id}"),
-                                          "schema.file": str(schema_file), "metrics.port": 0,
-                                          "kafka.bootstrap_servers": broker.bootstrap_servers,
-                                          "kafka.raw_topic_partitions": raw_partitions}))
-        thread = threading.Thread(target=agent.run, daemon=True)
-        thread.start()
-        agents.append((agent, thread))
+    if raw_writer:
+        writer: AgentsWriter | RawWriter = RawWriter(broker, server, fresh=checkpoint is None)
+    else:
+        writer = AgentsWriter(broker, work, server, raw_partitions)
     checkpoint = checkpoint or work / "lat-checkpoint"
     config = pipeline_config(None, {"server": server, "checkpoint": str(checkpoint),
                                     "kafka.bootstrap_servers": broker.bootstrap_servers,
@@ -645,7 +638,7 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
     interval = 1 / rate
     cpu_by_part = CpuByPart().__enter__()
     broker_cpu_start = cpu_seconds()[1]
-    writing_from = next_sync = time.monotonic()
+    writing_from = time.monotonic()
     key = 0
     # The first writes meet a cold pipeline (its stateful stage's Python workers start with the first batch
     # that has data, and the JVM compiles as it goes): they are written, but measured apart from the rest.
@@ -661,18 +654,15 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
         key += 1
         if first_measured is None and time.monotonic() >= measured_from:
             first_measured = key
-        cluster.execute(writes.write(key))
-        if time.monotonic() >= next_sync:
-            cluster.sync_all()
-            next_sync = time.monotonic() + 0.05
-        written[key] = time.monotonic()  # durable (synced) within 50 ms of this
+        writer.write(writes.write(key))
+        written[key] = time.monotonic()  # durable (synced, or published) within 50 ms of this
         # Each write at its time from the start, not an interval after the last: the writes' own cost does not
         # slow the rate down, and a writer that fell behind catches up.
         time.sleep(max(0.0, writing_from + key * interval - time.monotonic()))
     writing_s = time.monotonic() - writing_from
     cpu_by_part.__exit__(None, None, None)
     broker_cpu = cpu_seconds()[1] - broker_cpu_start
-    cluster.sync_all()
+    writer.flush()
     deadline = time.monotonic() + 60
     while len(arrived) < len(written) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -680,9 +670,7 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
     progress.update((p["batchId"], p) for p in query.recentProgress if raw_records(p))
     query.stop()
     memory.stop()
-    for agent, thread in agents:
-        agent.stop()
-        thread.join(30)
+    writer.close()
     measured = [k for k in sorted(written) if k >= (first_measured or key + 1)]
     in_order = [arrived[k] - written[k] for k in measured if k in arrived]
     delays = sorted(in_order)
@@ -696,13 +684,78 @@ def latency(broker: Broker, work: Path, seconds: float, rate: float, raw_partiti
             "p99_ms": 1000 * percentile(delays, 0.99), "max_ms": 1000 * delays[-1],
             "p99_ms_by_quarter": [round(1000 * percentile(quarter, 0.99)) for quarter in quarters if quarter],
             "batches_with_data": len(progress), "batch_ms": batch_costs(progress),
-            # While writing (the writer, the agents and the event consumer are this driver's threads).
+            # While writing (the writer, any agents and the event consumer are this driver's threads).
             "cpu_s_by_part": cpu_by_part.seconds(), "broker_cpu_s": broker_cpu,
             "writing_s": round(writing_s, 1),
             "worker_peak_rss": memory.peak_process, "workers_peak_rss_total": memory.peak_total,
             "checkpoint_bytes": checkpoint_bytes(checkpoint),
             "state_written": state_bytes_per_batch(checkpoint, sorted(progress)),
             "load_average": os.getloadavg()}
+
+
+class AgentsWriter:
+    """Writes into the commit logs of three simulated nodes (RF=3), synced every 50 ms, which three agents
+    tail and publish: the whole path from a write to its event."""
+
+    def __init__(self, broker: Broker, work: Path, server: str, raw_partitions: int) -> None:
+        schema_file = work / "latency.cql"
+        schema_file.write_text(SCHEMA)
+        self.cluster = Cluster(work / "cluster", parse_schema(SCHEMA), nodes=3, rf=3, cassandra_version="4.1",
+                               segment_size=4 << 20)
+        self.agents = []
+        for node in self.cluster.nodes:
+            agent = Agent(agent_config(None, {
+                "server": server, "node_id": node.node_id, "cdc_raw": str(node.cdc_raw_dir),
+                "state_dir": str(work / f"state-{node.node_id}"), "schema.file": str(schema_file),
+                "metrics.port": 0, "kafka.bootstrap_servers": broker.bootstrap_servers,
+                "kafka.raw_topic_partitions": raw_partitions}))
+            thread = threading.Thread(target=agent.run, daemon=True)
+            thread.start()
+            self.agents.append((agent, thread))
+        self.next_sync = time.monotonic()
+
+    def write(self, op: Operation) -> None:
+        self.cluster.execute(op)
+        if time.monotonic() >= self.next_sync:
+            self.cluster.sync_all()
+            self.next_sync = time.monotonic() + 0.05
+
+    def flush(self) -> None:
+        self.cluster.sync_all()
+
+    def close(self) -> None:
+        for agent, thread in self.agents:
+            agent.stop()
+            thread.join(30)
+
+
+class RawWriter:
+    """Publishes the three replicas' raw records of each write at once, as three agents would: the pipeline's
+    part of the latency alone, on a machine that has no room for the nodes and the agents beside it (an
+    agent's own part, from a write to its raw record, is agent_throughput.py's)."""
+
+    def __init__(self, broker: Broker, server: str, fresh: bool) -> None:
+        if fresh:
+            create_raw_topic(broker, server)
+        self.schema = parse_schema(SCHEMA)
+        self.topic = f"{server}.raw"
+        self.producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
+                                  "acks": "all", "linger.ms": 5, "compression.type": "lz4"})
+        self.position = 0
+
+    def write(self, op: Operation) -> None:
+        update = MutationSerializer.serialize(Mutation(to_mutation(op, self.schema).updates), 7)[1:]
+        self.position += 1
+        for node in ("node1", "node2", "node3"):
+            produce(self.producer, self.topic, record_key(update),
+                    RawRecord(node, 1, self.position, 7, op.timestamp, update).encode())
+        self.producer.poll(0)
+
+    def flush(self) -> None:
+        self.producer.flush(60)
+
+    def close(self) -> None:
+        self.flush()
 
 
 def batch_costs(progress: dict[int, dict]) -> dict[str, dict[str, int]]:
@@ -749,6 +802,10 @@ def main() -> None:
                         help="writes per second, to turn --copies-apart into writes")
     parser.add_argument("--broker", choices=sorted(BROKERS), default="kafka",
                         help="Apache Kafka (as `make install` provides it) or the stand-in broker noida-db")
+    parser.add_argument("--latency-writer", choices=("agents", "raw"), default="agents",
+                        help="agents: writes into three simulated nodes' commit logs, tailed by three agents "
+                             "(the whole path); raw: their raw records published at once, as the agents would "
+                             "(the pipeline's part alone, with the nodes' and agents' CPU left to it)")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-latency", action="store_true")
     args = parser.parse_args()
@@ -773,8 +830,9 @@ def run(args: argparse.Namespace, broker: Broker, work: Path) -> None:
               else min(shape.rows_per_partition, args.records // 3 // series_keys)) if on_state else 0
     writes = (LatencyWrites(shape, series_keys, 0, filled) if shape.rows_per_partition > 1
               else LatencyWrites(shape, args.keys, args.preload_keys, 0))
+    on_backlog = {"server": "bench", "checkpoint": work / "checkpoint"} if on_state else {}
     lat = latency(broker, work, args.latency_seconds, args.rate, args.raw_partitions, args.warmup_seconds,
-                  **({"server": "bench", "checkpoint": work / "checkpoint"} if on_state else {}), writes=writes)
+                  **on_backlog, writes=writes, raw_writer=args.latency_writer == "raw")
     print("latency:", json.dumps(lat, indent=1))
     print(f"target p99 < 2 s: {'met' if lat['p99_ms'] < 2000 else 'NOT met'}")
 
