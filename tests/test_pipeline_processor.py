@@ -30,6 +30,7 @@ from cassandra_cdc.commitlog import Mutation, MutationSerializer
 from cassandra_cdc.storage import PartitionUpdateSerializer
 from cassandra_cdc.storage.binary_io import DataInput, DataOutput
 from cassandra_cdc.merge.reconcile import apply
+from cassandra_cdc.events.column_rules import ColumnRules
 from cassandra_cdc.pipeline import change_processor, group_state
 from cassandra_cdc.pipeline.change_processor import ChangeProcessor, ProcessorSettings, collector_paused
 from cassandra_cdc.pipeline.group_state import PartitionPage
@@ -527,6 +528,32 @@ def test_skipped_static_only_rows_leave_no_key_with_a_null_clustering_column(
             assert events[0]["after"] == {"id": 1, "line": 1, "owner": "ann", "qty": 2}
         else:  # as SELECT * shows the partition: a row with a null line while it has no other
             assert lines == [("c", None), ("d", None), ("c", 1), ("c", None), ("d", 1)]
+    finally:
+        owner.close()
+        owner.events.close()  # type: ignore[attr-defined]
+
+
+def test_column_options_reach_every_event_and_keep_dead_letters_without_the_record(
+        broker: Any, spark: Any, monkeypatch: Any) -> None:
+    """output.column_exclude_list, the masks and skipped_operations, in the task: no event carries an excluded
+    column or an unmasked value, no skipped operation is written, and a dead letter (which cannot have them
+    applied) names its record without its bytes."""
+    rules = ColumnRules(exclude=(r"app\.users\.age",), mask=((3, (r"app\.users\.name",)),))
+    owner, handle = started_processor(broker, monkeypatch, [SCHEMA.table("app", "users")], columns=rules,
+                                      skipped_operations=frozenset({"u"}))
+    try:
+        inserted = run_batch(owner, handle, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30},
+                                                          timestamp=NOW)))
+        assert [(e["op"], e["before"], e["after"]) for e in inserted] == [("c", None, {"id": 1, "name": "***"})]
+        assert run_batch(owner, handle, copies(Update("app.users", {"id": 1}, {"age": 31},
+                                                      timestamp=NOW + 1))) == []
+        damaged_copy = copies(Update("app.users", {"id": 1}, {"name": "bob"}, timestamp=NOW + 2))[0]
+        deleted = run_batch(owner, handle, [(damaged_copy[0], damaged(damaged_copy[1])),
+                                            *copies(DeleteRow("app.users", {"id": 1}, timestamp=NOW + 3))])
+        assert [(e["op"], e["before"], e["after"]) for e in deleted] == [("d", {"id": 1, "name": "***"}, None)]
+        [error] = [json.loads(value) for value in owner.events.read(f"{SERVER}.errors")]  # type: ignore[attr-defined]
+        assert (error["reason"], error["value"], base64.b64decode(error["key"])) == (
+            "raw record digest does not match its partition update bytes", None, damaged_copy[0])
     finally:
         owner.close()
         owner.events.close()  # type: ignore[attr-defined]

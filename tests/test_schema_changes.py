@@ -6,6 +6,7 @@ test_schema_registry.)"""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -108,6 +109,16 @@ def test_value_describes_the_table_version() -> None:
     assert {(c["nativeType"], c["charsetName"], c["length"], c["scale"], c["autoIncremented"], c["generated"],
              c["comment"], c["defaultValueExpression"], c["enumValues"]) for c in table["columns"]} == {
         (None, None, None, None, False, False, None, None, None)}
+
+
+def test_excluded_columns_are_left_out_of_the_columns_and_the_cql_but_the_primary_keys() -> None:
+    encoder = SchemaChangeEncoder(offline_config(**{"output.column_exclude_list": r"shop\.orders\.(id|qty|seen)"}))
+    payload = json.loads(encoder.value(RECORD, ORDERS, "CREATE", 1714979290000))["payload"]
+    table = payload["tableChanges"][0]["table"]
+    assert [c["name"] for c in table["columns"]] == ["Id", "line", "home", "tags"]
+    assert table["primaryKeyColumnNames"] == ["Id", "line"]
+    assert parse_schema(payload["ddl"]).table("shop", "orders") == dataclasses.replace(
+        ORDERS, regular_and_static=tuple(c for c in ORDERS.regular_and_static if c.name in ("home", "tags")))
 
 
 def test_avro_records_read_back_with_the_schemas_registered(monkeypatch: Any) -> None:

@@ -6,9 +6,11 @@ import json
 import logging
 import os
 import re
+import types
+import typing
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Literal, TypeVar
+from typing import Annotated, Any, Iterator, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -16,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 Model = TypeVar("Model", bound=BaseModel)
 
 # Settings whose values must never reach a log: passwords, secrets, tokens, JAAS configs, private keys.
-SECRET_SETTING = re.compile(r"password|secret|token|sasl\.jaas\.config|ssl\.key", re.IGNORECASE)
+SECRET_SETTING = re.compile(r"password|secret|token|salt|sasl\.jaas\.config|ssl\.key", re.IGNORECASE)
 REDACTED = "[redacted]"
 
 
@@ -232,6 +234,8 @@ def _keys(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str, 
         elif field.default_factory is not None:
             produced = field.default_factory()  # type: ignore[call-arg]
             default = f"`{produced!r}`" if produced not in ({}, []) else "empty"
+        elif field.default == ():
+            default = "empty"
         else:
             default = "none" if field.default is None else f"`{setting_text(field.default)}`"
         yield key, _type_text(field.annotation), default, (field.description or "").replace("|", "\\|")
@@ -243,13 +247,19 @@ def setting_text(value: Any) -> str:
 
 
 def _type_text(annotation: Any) -> str:
+    """A field's type as the reference shows it: ``str \\| None``, ``dict[str, Any]``, a tuple of any
+    length as a list, the choices of a ``Literal`` quoted, validators left out."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is Annotated:
+        return _type_text(args[0])
     if annotation is type(None):
         return "None"
-    if getattr(annotation, "__origin__", None) is Literal:
-        return " \\| ".join(f"`{choice}`" for choice in annotation.__args__)
-    if any(getattr(choice, "__origin__", None) is Literal for choice in getattr(annotation, "__args__", ())):
-        return " \\| ".join(_type_text(choice) for choice in annotation.__args__)
-    if not getattr(annotation, "__args__", None):
-        return getattr(annotation, "__name__", str(annotation))
-    text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("NoneType", "None")
-    return text.replace("|", "\\|")
+    if origin is Literal:
+        return " \\| ".join(f"`{choice}`" for choice in args)
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_text(choice) for choice in args)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return f"list[{_type_text(args[0])}]"
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_text(arg) for arg in args)}]"
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))

@@ -37,9 +37,9 @@ No secret needs to sit in the file:
 - `${NAME}` inside any string value is replaced by the environment variable `NAME`; `${NAME:-default}`
   gives a default. An unset variable without a default is an error naming the key.
 - `${file:/path}` is replaced by the content of that file (one trailing newline removed).
-- A secret key (one whose name contains `password`, `secret`, `token`, `sasl.jaas.config` or `ssl.key`)
-  can be given as `<key>_file: /path` instead: `keystore_password_file: /run/secrets/keystore`, or
-  `kafka.security.password_file: /run/secrets/kafka`.
+- A secret key (one whose name contains `password`, `secret`, `token`, `salt`, `sasl.jaas.config` or
+  `ssl.key`) can be given as `<key>_file: /path` instead: `keystore_password_file: /run/secrets/keystore`,
+  or `kafka.security.password_file: /run/secrets/kafka`.
 
 The values of secret keys never appear in logs or error messages, at any log level.
 

@@ -20,6 +20,7 @@ import orjson
 
 from ..kafka import event_topic
 from ..schema import ColumnKind, TableMetadata
+from .column_rules import ColumnRules
 from .field_mapping import (FieldMapping, TypeModes, avro_field, avro_from_connect, avro_names,
                             connect_schema, java_numbers)
 
@@ -109,8 +110,11 @@ class EventEncoder:
     """Encodes the events of one table (one schema version) in one format."""
 
     def __init__(self, server: str, table: TableMetadata, fmt: Format = "json",
-                 schema_registry: "SchemaRegistry | None" = None, modes: TypeModes = TypeModes()) -> None:
-        """``schema_registry``: where the Avro schemas are registered (Avro only, and required there)."""
+                 schema_registry: "SchemaRegistry | None" = None, modes: TypeModes = TypeModes(),
+                 columns: ColumnRules = ColumnRules()) -> None:
+        """``schema_registry``: where the Avro schemas are registered (Avro only, and required there);
+        ``columns``: the columns left out and the values masked (raises ``ColumnRuleError`` for a rule the
+        table's columns refuse)."""
         self.table = table
         self.topic = event_topic(server, table.qualified_name)
         self.format = fmt
@@ -122,8 +126,12 @@ class EventEncoder:
         # in every table's key: adding a static column must not change the key schema, nor the key bytes.
         self._key_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type, modes),
                                      optional=c.kind is ColumnKind.CLUSTERING) for c in table.primary_key]
+        excluded = columns.excluded(table)
         self._value_columns = [_Column(c.name, fields[c.name], FieldMapping(c.type, modes), optional=True)
-                               for c in table.columns]
+                               for c in table.columns if c.name not in excluded]
+        rewrites = columns.rewrites(table)
+        self._rewrites = tuple(rewrites.items())
+        self._key_rewritten = any(c.name in rewrites for c in table.primary_key)
         self._key_fields = self._fields(self._key_columns)
         self._value_fields = self._fields(self._value_columns)
         if fmt == "json":
@@ -170,7 +178,7 @@ class EventEncoder:
         return bool(clustering) and all(row.get(name) is None for name in clustering)
 
     def key(self, row: dict[str, Any]) -> bytes:
-        payload = self._row(row, self._key_fields)
+        payload = self._row(self._rewritten(row) if self._key_rewritten else row, self._key_fields)
         if self.format == "json":
             return self._key_document.encode(payload)
         return self._avro(self._avro_key, payload, "key")
@@ -186,6 +194,9 @@ class EventEncoder:
               ts_ms: int) -> bytes:
         """The envelope of a change; ``ts_ms`` is when the pipeline processed it (its ``ts_us``, ``ts_ns``
         the same instant), and ``transaction`` is null: Cassandra has no transactions to report."""
+        if self._rewrites:
+            before = None if before is None else self._rewritten(before)
+            after = None if after is None else self._rewritten(after)
         payload = {"before": None if before is None else self._row(before, self._value_fields),
                    "after": None if after is None else self._row(after, self._value_fields),
                    "source": source.as_dict(), "op": op, "ts_ms": ts_ms, "ts_us": ts_ms * 1000,
@@ -195,6 +206,10 @@ class EventEncoder:
         return self._avro(self._avro_value, payload, "value")
 
     # --- helpers ----------------------------------------------------------------------------------
+
+    def _rewritten(self, row: dict[str, Any]) -> dict[str, Any]:
+        """``row`` with its masked or truncated columns' values rewritten (a mask replaces a null too)."""
+        return {**row, **{name: rewrite(row.get(name)) for name, rewrite in self._rewrites}}
 
     def _fields(self, columns: list[_Column]) -> list[tuple[str, str, Converter | None]]:
         """Per column: its name, its field, and how its values (not None) convert to the format (None: they

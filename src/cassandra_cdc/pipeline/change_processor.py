@@ -69,6 +69,7 @@ from ..schema import TableMetadata
 from ..kafka.raw_records import (RawRecord, RawRecordError, TruncationRecord, decode_update, is_truncation,
                                  stored_digest)
 from ..kafka.schema_catalog import SchemaCatalog
+from ..events.column_rules import ColumnRules
 from ..events.event_encoder import EventEncoder, Format, SchemaRegistry, Source
 from ..events.field_mapping import TypeModes
 from ..merge.reconcile import RowChange, apply, expire, next_expiry, only_deleted_by
@@ -101,6 +102,8 @@ class ProcessorSettings:
     schema_registry: tuple[tuple[str, Any], ...] = ()  # the registry client's settings; none: no registry
     tombstones: bool = True
     type_modes: TypeModes = TypeModes()
+    columns: ColumnRules = ColumnRules()
+    skipped_operations: frozenset[str] = frozenset()  # Debezium's skipped.operations: c, u, d, t
     static_only_rows: Literal["emit", "skip"] = "emit"
     consumer: tuple[tuple[str, Any], ...] = ()
     sink: SinkSettings | None = None  # where the events go; None: nowhere (the driver's planning copy)
@@ -229,8 +232,13 @@ class ChangeProcessor(StatefulProcessor):
         """Send a record to the errors topic; ``kind`` names the reason in a word (the metric's label)."""
         self._tally.error(kind)
         report = {"reason": reason, "key": base64.b64encode(record_key).decode(),
-                  "value": base64.b64encode(value).decode(), "ts_ms": int(time.time() * 1000)}
+                  "value": self._dead_letter_value(value), "ts_ms": int(time.time() * 1000)}
         self._output().produce(self.settings.errors_topic, record_key, json.dumps(report).encode())
+
+    def _dead_letter_value(self, value: bytes) -> str | None:
+        """The raw record in a dead letter (base64), or None when the column options leave columns out or
+        mask them: a record that could not be decoded cannot have them applied, and the raw topic keeps it."""
+        return None if self.settings.columns else base64.b64encode(value).decode()
 
     # --- merging ----------------------------------------------------------------------------------
 
@@ -326,6 +334,8 @@ class ChangeProcessor(StatefulProcessor):
         partitions.truncate(record.table_id, deletion, table)
         if self._raw_partition != TRUNCATION_EVENTS_PARTITION or not partitions.new_truncation(record):
             return
+        if "t" in self.settings.skipped_operations:
+            return
         encoder = self._encoder(table, version)
         source = Source(name=self.settings.server, cluster=self.settings.cluster, keyspace=table.keyspace,
                         table=table.name, ts_us=record.truncated_at_ms * 1000, snapshot=False,
@@ -376,6 +386,7 @@ class ChangeProcessor(StatefulProcessor):
         out = self._output()
         encoder = self._encoder(table, version)
         skip_static_only = self.settings.static_only_rows == "skip"
+        skipped = self.settings.skipped_operations
         table_name = table.qualified_name
         for change in changes:
             before, after = change.before, change.after
@@ -385,6 +396,8 @@ class ChangeProcessor(StatefulProcessor):
                 op = "d"
             else:
                 op = "u"
+            if op in skipped:
+                continue
             row = after if after is not None else before
             if skip_static_only and encoder.static_only(row):  # type: ignore[arg-type]
                 continue
@@ -398,7 +411,8 @@ class ChangeProcessor(StatefulProcessor):
         encoder = self._encoders.get((table.id, version))
         if encoder is None:
             encoder = self._encoders[(table.id, version)] = EventEncoder(
-                self.settings.server, table, self.settings.format, self._registry, self.settings.type_modes)
+                self.settings.server, table, self.settings.format, self._registry, self.settings.type_modes,
+                self.settings.columns)
         return encoder
 
     # --- state ------------------------------------------------------------------------------------

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
+from ..events.column_rules import HASH_ALGORITHMS, ColumnRules, HashMask, checked_patterns, hash_algorithm
 from ..events.field_mapping import CompositeMode, DecimalMode, IntervalMode, TypeModes, VarintMode
 from ..settings import ConfigError, load_settings, readable_file, setting_text
 from ..kafka import ServerTopics
@@ -17,6 +18,32 @@ __all__ = ["ConfigError", "PipelineConfig", "load_config"]
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _comma_separated(value: Any) -> Any:
+    """A list as Debezium gives one, comma-separated text (``a,b``), or as a YAML list."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+# Regular expressions matched, whole and case-insensitively, against <keyspace>.<table>.<column>.
+ColumnPatterns = Annotated[tuple[str, ...], BeforeValidator(_comma_separated), AfterValidator(checked_patterns)]
+Operation = Literal["c", "u", "d", "t"]
+
+
+class HashMaskSettings(_Section):
+    algorithm: str = Field(..., description=f"Java's MessageDigest name: {', '.join(HASH_ALGORITHMS)}.")
+    salt: str = Field(..., description="Hashed before each value (its UTF-8 bytes); a secret (salt_file).")
+    version: Literal[1, 2] = Field(1, description="1: the value as Java serializes a string (Debezium's "
+                                                  "column.mask.hash); 2: its UTF-8 bytes (column.mask.hash.v2).")
+    columns: ColumnPatterns = Field(..., description="The columns hashed (as column_exclude_list).")
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known(cls, algorithm: str) -> str:
+        hash_algorithm(algorithm)
+        return algorithm
 
 
 class KafkaSettings(KafkaConnection, _Section):
@@ -141,6 +168,24 @@ class OutputSettings(_Section):
         "nested", description="user types, tuples and collections holding those or collections: nested "
                               "(structs, arrays, maps) or json (io.debezium.data.Json: the text of CQL's "
                               "toJson, which Debezium's JDBC sink writes into a json column).")
+    skipped_operations: Annotated[tuple[Operation, ...], BeforeValidator(_comma_separated)] = Field(
+        (), description="Debezium's skipped.operations: the events not written, of c (inserts), u (updates), d "
+                        "(deletes, with their tombstones), t (truncations); comma-separated or a list; none: "
+                        "every event is written.")
+    column_exclude_list: ColumnPatterns = Field(
+        (), description="Debezium's column.exclude.list: regular expressions matched, whole and "
+                        "case-insensitively, against <keyspace>.<table>.<column>; the columns they match are "
+                        "left out of the events' rows and schemas (a primary key column stays in the key).")
+    column_truncate_to_chars: dict[int, ColumnPatterns] = Field(
+        default_factory=dict, description="Debezium's column.truncate.to.N.chars, as {N: columns}: text, "
+                                          "varchar and ascii values longer than N characters cut to N.")
+    column_mask_with_chars: dict[int, ColumnPatterns] = Field(
+        default_factory=dict, description="Debezium's column.mask.with.N.chars, as {N: columns}: text, varchar "
+                                          "and ascii values (null too) replaced by N asterisks.")
+    column_mask_hash: list[HashMaskSettings] = Field(
+        default_factory=list, description="Debezium's column.mask.hash[.v2].<algorithm>.with.salt.<salt>: "
+                                          "text, varchar and ascii values replaced by the hexadecimal hash of "
+                                          "the salt and the value (docs/events.md, Column options).")
     include_schema_changes: bool = Field(
         True, description="Debezium's include.schema.changes: write a schema change event (Debezium's "
                           "SchemaChangeKey/SchemaChangeValue) to the <server> topic for each version of a "
@@ -169,6 +214,25 @@ class OutputSettings(_Section):
         if self.schema_registry is not None:
             return self.schema_registry.client_settings()
         return {"url": self.schema_registry_url} if self.schema_registry_url else {}
+
+    @field_validator("skipped_operations", mode="before")
+    @classmethod
+    def _none_is_empty(cls, operations: Any) -> Any:
+        return () if operations in ("none", ["none"]) else operations
+
+    @field_validator("column_truncate_to_chars", "column_mask_with_chars")
+    @classmethod
+    def _lengths_not_negative(cls, rules: dict[int, tuple[str, ...]]) -> dict[int, tuple[str, ...]]:
+        for length in rules:
+            if length < 0:
+                raise ValueError(f"a length of characters is 0 or more, not {length}")
+        return rules
+
+    @property
+    def column_rules(self) -> ColumnRules:
+        return ColumnRules(self.column_exclude_list, tuple(sorted(self.column_truncate_to_chars.items())),
+                           tuple(sorted(self.column_mask_with_chars.items())),
+                           tuple(HashMask(h.algorithm, h.salt, h.columns, h.version) for h in self.column_mask_hash))
 
     @property
     def type_modes(self) -> TypeModes:

@@ -146,6 +146,7 @@ class SchemaChangeEncoder:
     def __init__(self, config: PipelineConfig) -> None:
         self.topic = config.server
         self._server, self._cluster = config.server, config.cluster_name
+        self._columns = config.output.column_rules
         fmt = config.output.format
         registry = None if fmt == "json" else SchemaRegistry(config.output.registry_client_settings())
         self._key = StructEncoder(KEY_SCHEMA, fmt, f"{self.topic}-key", registry)
@@ -156,13 +157,18 @@ class SchemaChangeEncoder:
 
     def value(self, record: SchemaRecord, table: TableMetadata, change: ChangeType, ts_ms: int) -> bytes:
         """The value of ``change`` to ``table`` (``record`` as the catalog holds it), written at ``ts_ms``;
-        its source's time is when an agent first published the version, its node that agent's."""
+        its source's time is when an agent first published the version, its node that agent's. The columns
+        the events leave out (``output.column_exclude_list``) are left out of its columns and its CQL."""
         source = Source(self._server, self._cluster, table.keyspace, table.name, record.ts_ms * 1000, False,
                         record.node, None, None)
-        ddl = f"DROP TABLE {quote(table.keyspace)}.{quote(table.name)};" if change == "DROP" else record.cql
+        shown = self._columns.project(table)
+        if change == "DROP":
+            ddl = f"DROP TABLE {quote(table.keyspace)}.{quote(table.name)};"
+        else:
+            ddl = record.cql if shown is table else shown.ddl()
         return self._value.encode({"source": source.as_dict(), "ts_ms": ts_ms, "databaseName": table.keyspace,
                                    "schemaName": None, "ddl": ddl,
-                                   "tableChanges": [table_change(table, change)]})
+                                   "tableChanges": [table_change(shown, change)]})
 
 
 class SchemaChangePublisher:

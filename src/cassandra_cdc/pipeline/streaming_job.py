@@ -99,6 +99,7 @@ def change_events(spark: SparkSession, config: PipelineConfig,
         format=config.output.format,
         schema_registry=tuple(sorted(config.output.registry_client_settings().items())),
         tombstones=config.output.tombstones, type_modes=config.output.type_modes,
+        columns=config.output.column_rules, skipped_operations=frozenset(config.output.skipped_operations),
         static_only_rows=config.output.static_only_rows,
         consumer=tuple(sorted(kafka.librdkafka(kafka.consumer).items())), sink=sink, ranges=ranges,
         tally=tally, state_pages=config.spark.state_pages)
