@@ -63,8 +63,8 @@ public class Hashes {
     }
 }
 """
-VALUES = ["", "a", "nul\0inside", "é ü ß", "€ 漢字", "emoji 🎉 and 𝄞", "quote \" back\\slash => ,{}",
-          "x" * 70_000, "é" * 40_000]
+VALUES = ["", "a", "nul\0inside", "é ü ß", "€ 漢字", "emoji 🎉 and 𝄞",
+          "quote \" back\\slash => ,{}", "x" * 70_000, "é" * 40_000]
 
 
 def test_version_1_hashes_the_string_as_java_serializes_it(tmp_path: Path) -> None:
@@ -105,7 +105,8 @@ def test_rules_leave_columns_out_and_rewrite_values_key_included() -> None:
                     "e84ac3142870113ddc6710c06f76421befc8e8ca6de64e98d2993ed8d41f4085")
     assert key["payload"] == {"id": hello}
     # Matched whole and case-insensitively (APP, email); a mask replaces a null too, a hash does not.
-    assert value["payload"]["after"] == {"id": hello, "Email": "****", "bio": "abc", "phone": world, "notes": "****"}
+    assert value["payload"]["after"] == {"id": hello, "Email": "****", "bio": "abc", "phone": world,
+                                         "notes": "****"}
     row_schema = value["schema"]["fields"][1]
     assert [f["field"] for f in row_schema["fields"]] == ["id", "Email", "bio", "notes", "phone"]
     assert [f["type"] for f in row_schema["fields"]] == ["string"] * 5
@@ -124,18 +125,19 @@ def test_an_excluded_primary_key_column_stays_in_the_key_and_a_partial_match_mat
 
 def test_the_first_rule_of_truncation_mask_hash_applies() -> None:
     everything = (r"app\.people\.bio",)
-    rules = ColumnRules(truncate=((2, everything),), mask=((4, everything),),
-                        hashes=(HashMask("MD5", "salt", everything, 2), HashMask("MD5", "salt", everything, 1)))
+    both_hashes = (HashMask("MD5", "salt", everything, 2), HashMask("MD5", "salt", everything, 1))
+    rules = ColumnRules(truncate=((2, everything),), mask=((4, everything),), hashes=both_hashes)
     assert event(rules, None, ROW, "c")[1]["payload"]["after"]["bio"] == "ab"
     rules = ColumnRules(mask=((4, everything),), hashes=(HashMask("MD5", "salt", everything, 2),))
     assert event(rules, None, ROW, "c")[1]["payload"]["after"]["bio"] == "****"
-    rules = ColumnRules(hashes=(HashMask("MD5", "salt", everything, 2), HashMask("MD5", "salt", everything, 1)))
+    rules = ColumnRules(hashes=both_hashes)
     assert event(rules, None, {**ROW, "bio": "hello"}, "c")[1]["payload"]["after"]["bio"] == (
         "46f48a7a5ea32efba87cbff49d46d35a")  # version 1's (Debezium's MaskStringsTest)
 
 
 def test_a_rule_matching_a_column_that_is_not_text_is_refused() -> None:
-    with pytest.raises(ColumnRuleError, match=r"app\.people\.age is a int column: .* text, varchar and ascii"):
+    refused = r"app\.people\.age is a int column: .* text, varchar and ascii"
+    with pytest.raises(ColumnRuleError, match=refused):
         EventEncoder("prod", PEOPLE, columns=ColumnRules(mask=((4, (r"app\.people\..*",)),)))
     # Excluding it is the way to keep it out.
     EventEncoder("prod", PEOPLE, columns=ColumnRules(exclude=(r"app\.people\.age",),
@@ -161,7 +163,8 @@ output:
     assert output.skipped_operations == ("u", "t")
     assert output.column_rules == ColumnRules(
         exclude=(r"app\.people\.ssn", r"app\.people\.age"), truncate=((3, (r"app\.people\.bio",)),),
-        mask=((0, (r"app\.people\.notes",)),), hashes=(HashMask("SHA-256", "s3cret", (r"app\.people\.phone",), 2),))
+        mask=((0, (r"app\.people\.notes",)),),
+        hashes=(HashMask("SHA-256", "s3cret", (r"app\.people\.phone",), 2),))
     assert load_config(config, {"output.skipped_operations": "none"}).output.skipped_operations == ()
 
 

@@ -5,6 +5,7 @@ would write."""
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 from pathlib import Path
 
@@ -73,3 +74,20 @@ def test_the_json_converter_writes_our_events_and_schema_changes_back_unchanged(
     assert len(written) == len(messages)
     for message, back in zip(messages, written):
         assert back == message, back
+
+
+def test_non_finite_numbers_reach_the_json_converter_as_null_where_their_text_would_be_zero() -> None:
+    """NaN and the infinities are null in Connect JSON: read back unchanged. The JsonConverter writes them as
+    text ("NaN", "Infinity") but reads that text in a float64 field as 0.0 (and refuses bare tokens), so
+    that any form JSON has for them would reach a sink as a wrong number."""
+    assert NUMBERS is not None
+    encoder = EventEncoder("prod", NUMBERS, "json")
+    events = [encoder.value(None, {"k": 1, "x": value, "f": value}, "c", SOURCE, 1)
+              for value in (float("nan"), float("inf"), float("-inf"))]
+    as_text = [event.replace(b'"x":null', b'"x":"' + text + b'"')
+               for event, text in zip(events, (b"NaN", b"Infinity", b"-Infinity"))]
+    bare = events[0].replace(b'"x":null', b'"x":NaN')
+    written = json_converter_round_trip(events + as_text + [bare])
+    assert written[:3] == events
+    assert [json.loads(back)["payload"]["after"]["x"] for back in written[3:6]] == [0.0, 0.0, 0.0]
+    assert str(written[6]).startswith("ERROR org.apache.kafka.connect.errors.DataException")

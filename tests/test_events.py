@@ -7,6 +7,7 @@ import datetime
 import decimal
 import io
 import json
+import math
 import re
 import struct
 import uuid
@@ -447,9 +448,9 @@ def test_duration_as_debezium_interval_or_nano_duration(duration: Duration, iso:
         ("io.debezium.time.NanoDuration", "int64")
 
 
-def test_nan_and_infinity_are_written_as_the_json_converter_writes_them() -> None:
-    """Kafka's JsonConverter (Jackson) writes a NaN double as "NaN", infinities as "Infinity", "-Infinity":
-    JSON has no such numbers, and a strict parser must read the event."""
+def test_nan_and_infinity_are_null_in_json_and_exact_in_avro() -> None:
+    """JSON has no NaN nor infinities, and Kafka's JsonConverter reads the text it writes for them as 0.0
+    (test_connect_json.py): in Connect JSON they are null; Avro's doubles and floats hold them."""
     assert NUMBERS is not None
     row = {"k": 1, "x": float("nan"), "f": float("-inf")}
     encoded = EventEncoder("prod", NUMBERS, "json").value(None, row, "c", SOURCE, 1)
@@ -458,14 +459,13 @@ def test_nan_and_infinity_are_written_as_the_json_converter_writes_them() -> Non
         raise ValueError(f"not JSON: {constant}")
 
     after = json.loads(encoded, parse_constant=reject)["payload"]["after"]
-    assert after["x"] == "NaN" and after["f"] == "-Infinity"
-    row = {"k": 1, "x": float("inf")}
+    assert after["x"] is None and after["f"] is None
+    row = {"k": 1, "x": float("inf"), "f": float("nan")}
     assert json.loads(EventEncoder("prod", NUMBERS, "json").value(None, row, "c", SOURCE,
-                                                                  1))["payload"]["after"]["x"] \
-        == "Infinity"
+                                                                  1))["payload"]["after"]["x"] is None
     encoder, registry = avro_encoder(NUMBERS)
-    # Avro's doubles hold them
-    assert registry.read(encoder.value(None, row, "c", SOURCE, 1))["after"]["x"] == float("inf")
+    read = registry.read(encoder.value(None, row, "c", SOURCE, 1))["after"]
+    assert read["x"] == float("inf") and math.isnan(read["f"])
 
 
 def test_logical_types_carry_their_versions() -> None:
@@ -557,4 +557,26 @@ def test_composite_handling_mode_json_gives_the_cql_json_text() -> None:
     sparse = json.loads(EventEncoder("prod", COMPOSITES, "json", modes=modes).value(None, {"k": 2}, "c",
                                                                                    SOURCE, 1))
     assert sparse["payload"]["after"]["home"] is None and sparse["payload"]["after"]["grid"] is None
+
+
+def test_map_handling_mode_json_gives_every_map_as_its_cql_json_text() -> None:
+    """map_handling_mode json (for Debezium's JDBC sink, whose hstore text breaks on a quote): every map
+    column, whatever its keys and values, is an io.debezium.data.Json text with the map's CQL JSON, its
+    keys as JSON strings; the other columns stay nested."""
+    assert COMPOSITES is not None
+    awkward = 'a "quote", a back\\slash, => {braces} \t'
+    row = _driver_row(COMPOSITES, {"k": 1, "tags": ["a"], "ids": {-1: "", 2: awkward},
+                                   **{name: value for name, (value, _) in COMPOSITE_VALUES.items()}})
+    document = json.loads(EventEncoder("prod", COMPOSITES, "json", modes=TypeModes(map="json")).value(
+        None, row, "c", SOURCE, 1))
+    fields = {f["field"]: f for f in document["schema"]["fields"][1]["fields"]}
+    maps = ("by_floor", "prices", "ids")
+    assert {name: fields[name] for name in maps} == {name: JSON_TEXT_SCHEMA | {"field": name}
+                                                     for name in maps}
+    assert {fields[name]["type"] for name in ("home", "pair", "grid", "scans", "tags")} == {"struct", "array"}
+    after = document["payload"]["after"]
+    assert after["ids"] == '{"-1": "", "2": "a \\"quote\\", a back\\\\slash, => {braces} \\t"}'
+    assert json.loads(after["ids"]) == {"-1": "", "2": awkward}
+    assert (after["by_floor"], after["prices"]) == (COMPOSITE_VALUES["by_floor"][1],
+                                                    COMPOSITE_VALUES["prices"][1])
 

@@ -544,14 +544,17 @@ def test_column_options_reach_every_event_and_keep_dead_letters_without_the_reco
     try:
         inserted = run_batch(owner, handle, copies(Insert("app.users", {"id": 1, "name": "ann", "age": 30},
                                                           timestamp=NOW)))
-        assert [(e["op"], e["before"], e["after"]) for e in inserted] == [("c", None, {"id": 1, "name": "***"})]
+        assert [(e["op"], e["before"], e["after"]) for e in inserted] == [
+            ("c", None, {"id": 1, "name": "***"})]
         assert run_batch(owner, handle, copies(Update("app.users", {"id": 1}, {"age": 31},
                                                       timestamp=NOW + 1))) == []
         damaged_copy = copies(Update("app.users", {"id": 1}, {"name": "bob"}, timestamp=NOW + 2))[0]
         deleted = run_batch(owner, handle, [(damaged_copy[0], damaged(damaged_copy[1])),
                                             *copies(DeleteRow("app.users", {"id": 1}, timestamp=NOW + 3))])
-        assert [(e["op"], e["before"], e["after"]) for e in deleted] == [("d", {"id": 1, "name": "***"}, None)]
-        [error] = [json.loads(value) for value in owner.events.read(f"{SERVER}.errors")]  # type: ignore[attr-defined]
+        assert [(e["op"], e["before"], e["after"]) for e in deleted] == [
+            ("d", {"id": 1, "name": "***"}, None)]
+        errors = owner.events.read(f"{SERVER}.errors")  # type: ignore[attr-defined]
+        [error] = [json.loads(value) for value in errors]
         assert (error["reason"], error["value"], base64.b64decode(error["key"])) == (
             "raw record digest does not match its partition update bytes", None, damaged_copy[0])
     finally:

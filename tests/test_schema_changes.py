@@ -112,7 +112,8 @@ def test_value_describes_the_table_version() -> None:
 
 
 def test_excluded_columns_are_left_out_of_the_columns_and_the_cql_but_the_primary_keys() -> None:
-    encoder = SchemaChangeEncoder(offline_config(**{"output.column_exclude_list": r"shop\.orders\.(id|qty|seen)"}))
+    excluded = {"output.column_exclude_list": r"shop\.orders\.(id|qty|seen)"}
+    encoder = SchemaChangeEncoder(offline_config(**excluded))
     payload = json.loads(encoder.value(RECORD, ORDERS, "CREATE", 1714979290000))["payload"]
     table = payload["tableChanges"][0]["table"]
     assert [c["name"] for c in table["columns"]] == ["Id", "line", "home", "tags"]

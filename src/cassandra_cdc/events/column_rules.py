@@ -92,14 +92,14 @@ class ColumnRules:
                 continue
             if column.type.kind not in CHARACTER_TYPES:
                 raise ColumnRuleError(
-                    f"{_qualified(table, column)} is a {column.type.cql} column: a column truncation, mask or "
-                    f"hash applies to text, varchar and ascii columns only (leave it out with "
+                    f"{_qualified(table, column)} is a {column.type.cql} column: a column truncation, mask "
+                    f"or hash applies to text, varchar and ascii columns only (leave it out with "
                     f"column_exclude_list instead)")
             rewrites[column.name] = rewrite
         return rewrites
 
     def project(self, table: TableMetadata) -> TableMetadata:
-        """``table`` without its excluded columns (but for those of the primary key), as its events show it."""
+        """``table`` without its excluded columns (but those of the primary key), as its events show it."""
         excluded = self.excluded(table)
         if not excluded:
             return table

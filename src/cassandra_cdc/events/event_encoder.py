@@ -320,7 +320,7 @@ def _avro_namespace(name: str) -> str:
 
 # The same bytes as ``json.dumps(document, separators=(",", ":"), ensure_ascii=False)``: orjson writes them
 # several times faster, on the per-event path, but not integers beyond 64 bits, which this encoder writes.
-# NaN and the infinities are converted to text before (``field_mapping``): JSON has no such numbers.
+# NaN and the infinities are null by then (``field_mapping``): JSON has no such numbers.
 _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, check_circular=False,
                                  allow_nan=False)
 

@@ -28,6 +28,7 @@ DecimalMode = Literal["precise", "double", "string"]
 VarintMode = Literal["precise", "long", "string"]
 IntervalMode = Literal["string", "numeric"]
 CompositeMode = Literal["nested", "json"]
+MapMode = Literal["map", "json"]
 
 
 @dataclass(frozen=True)
@@ -37,12 +38,15 @@ class TypeModes:
     ``duration`` (string: an ``io.debezium.time.Interval``; numeric: an ``io.debezium.time.NanoDuration``);
     and ours for the composite types (user types, tuples, collections of those or of collections), which no
     JDBC sink has a column for: nested (structs, arrays, maps) or json (an ``io.debezium.data.Json`` text,
-    as Debezium's PostgreSQL connector gives a json column, which Debezium's JDBC sink writes into one)."""
+    as Debezium's PostgreSQL connector gives a json column, which Debezium's JDBC sink writes into one); and
+    for maps, which the JDBC sink writes into an ``hstore`` whose text it does not escape: map (a Connect map)
+    or json (likewise)."""
 
     decimal: DecimalMode = "precise"
     varint: VarintMode = "precise"
     interval: IntervalMode = "string"
     composite: CompositeMode = "nested"
+    map: MapMode = "map"
 
 
 class _Simple(NamedTuple):
@@ -70,14 +74,16 @@ def java_numbers(encoded: bytes) -> bytes:
     return _JAVA_NUMBER.sub(rb"\1", encoded) if b"\\u0000" in encoded else encoded
 
 
-def _json_number(value: float) -> float | str:
-    """A double (or float) as the JsonConverter writes it (Java's ``Double.toString``: ``1.0E-8``, ``1.0E7``),
-    and NaN and the infinities as it writes them, as text: JSON has no such numbers."""
+def _json_number(value: float) -> float | str | None:
+    """A double (or float) as the JsonConverter writes it (Java's ``Double.toString``: ``1.0E-8``, ``1.0E7``);
+    NaN and the infinities null: JSON has no such numbers, and the JsonConverter reads the text it writes for
+    them (``"NaN"``) as 0.0 and refuses bare tokens, so that any other form would reach a sink as a wrong
+    number. Avro holds them exactly."""
     if value == 0 or 1e-3 <= abs(value) < 1e7:
         return value  # where Python's repr and Java's agree
     if math.isfinite(value):
         return JAVA_NUMBER_MARK + java_double_text(value)
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    return None
 
 
 def _two_complement(number: int) -> bytes:
@@ -301,7 +307,7 @@ class FieldMapping:
     def _simple(self) -> _Simple | None:
         """The mapping of a type that is one value in the event, or None for a nested one."""
         t = self.cql_type
-        if self.modes.composite == "json" and _composite(t):
+        if self.modes.composite == "json" and _composite(t) or self.modes.map == "json" and t.kind == "map":
             text = partial(_cql_json, t)
             return _Simple(_JSON_TEXT, text, text)
         return _simple(t.kind, self.modes)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator,
+                      model_validator)
 
 from ..events.column_rules import HASH_ALGORITHMS, ColumnRules, HashMask, checked_patterns, hash_algorithm
-from ..events.field_mapping import CompositeMode, DecimalMode, IntervalMode, TypeModes, VarintMode
+from ..events.field_mapping import CompositeMode, DecimalMode, IntervalMode, MapMode, TypeModes, VarintMode
 from ..settings import ConfigError, load_settings, readable_file, setting_text
 from ..kafka import ServerTopics
 from ..kafka.security import KafkaConnection
@@ -28,7 +29,8 @@ def _comma_separated(value: Any) -> Any:
 
 
 # Regular expressions matched, whole and case-insensitively, against <keyspace>.<table>.<column>.
-ColumnPatterns = Annotated[tuple[str, ...], BeforeValidator(_comma_separated), AfterValidator(checked_patterns)]
+ColumnPatterns = Annotated[tuple[str, ...], BeforeValidator(_comma_separated),
+                           AfterValidator(checked_patterns)]
 Operation = Literal["c", "u", "d", "t"]
 
 
@@ -36,7 +38,8 @@ class HashMaskSettings(_Section):
     algorithm: str = Field(..., description=f"Java's MessageDigest name: {', '.join(HASH_ALGORITHMS)}.")
     salt: str = Field(..., description="Hashed before each value (its UTF-8 bytes); a secret (salt_file).")
     version: Literal[1, 2] = Field(1, description="1: the value as Java serializes a string (Debezium's "
-                                                  "column.mask.hash); 2: its UTF-8 bytes (column.mask.hash.v2).")
+                                                  "column.mask.hash); 2: its UTF-8 bytes "
+                                                  "(column.mask.hash.v2).")
     columns: ColumnPatterns = Field(..., description="The columns hashed (as column_exclude_list).")
 
     @field_validator("algorithm")
@@ -168,10 +171,15 @@ class OutputSettings(_Section):
         "nested", description="user types, tuples and collections holding those or collections: nested "
                               "(structs, arrays, maps) or json (io.debezium.data.Json: the text of CQL's "
                               "toJson, which Debezium's JDBC sink writes into a json column).")
+    map_handling_mode: MapMode = Field(
+        "map", description="map columns: map (a Connect map; in Avro a map, or an array of key and value "
+                           "records for keys that are not text) or json (io.debezium.data.Json: the text of "
+                           "CQL's toJson, keys as text, which Debezium's JDBC sink writes into a json "
+                           "column, exactly).")
     skipped_operations: Annotated[tuple[Operation, ...], BeforeValidator(_comma_separated)] = Field(
-        (), description="Debezium's skipped.operations: the events not written, of c (inserts), u (updates), d "
-                        "(deletes, with their tombstones), t (truncations); comma-separated or a list; none: "
-                        "every event is written.")
+        (), description="Debezium's skipped.operations: the events not written, of c (inserts), u (updates), "
+                        "d (deletes, with their tombstones), t (truncations); comma-separated or a list; "
+                        "none: every event is written.")
     column_exclude_list: ColumnPatterns = Field(
         (), description="Debezium's column.exclude.list: regular expressions matched, whole and "
                         "case-insensitively, against <keyspace>.<table>.<column>; the columns they match are "
@@ -180,12 +188,12 @@ class OutputSettings(_Section):
         default_factory=dict, description="Debezium's column.truncate.to.N.chars, as {N: columns}: text, "
                                           "varchar and ascii values longer than N characters cut to N.")
     column_mask_with_chars: dict[int, ColumnPatterns] = Field(
-        default_factory=dict, description="Debezium's column.mask.with.N.chars, as {N: columns}: text, varchar "
-                                          "and ascii values (null too) replaced by N asterisks.")
+        default_factory=dict, description="Debezium's column.mask.with.N.chars, as {N: columns}: text, "
+                                          "varchar and ascii values (null too) replaced by N asterisks.")
     column_mask_hash: list[HashMaskSettings] = Field(
         default_factory=list, description="Debezium's column.mask.hash[.v2].<algorithm>.with.salt.<salt>: "
-                                          "text, varchar and ascii values replaced by the hexadecimal hash of "
-                                          "the salt and the value (docs/events.md, Column options).")
+                                          "text, varchar and ascii values replaced by the hexadecimal hash "
+                                          "of the salt and the value (docs/events.md, Column options).")
     include_schema_changes: bool = Field(
         True, description="Debezium's include.schema.changes: write a schema change event (Debezium's "
                           "SchemaChangeKey/SchemaChangeValue) to the <server> topic for each version of a "
@@ -230,14 +238,14 @@ class OutputSettings(_Section):
 
     @property
     def column_rules(self) -> ColumnRules:
+        hashes = tuple(HashMask(h.algorithm, h.salt, h.columns, h.version) for h in self.column_mask_hash)
         return ColumnRules(self.column_exclude_list, tuple(sorted(self.column_truncate_to_chars.items())),
-                           tuple(sorted(self.column_mask_with_chars.items())),
-                           tuple(HashMask(h.algorithm, h.salt, h.columns, h.version) for h in self.column_mask_hash))
+                           tuple(sorted(self.column_mask_with_chars.items())), hashes)
 
     @property
     def type_modes(self) -> TypeModes:
         return TypeModes(self.decimal_handling_mode, self.varint_handling_mode, self.interval_handling_mode,
-                         self.composite_handling_mode)
+                         self.composite_handling_mode, self.map_handling_mode)
 
 
 class MetricsSettings(_Section):
