@@ -76,7 +76,7 @@ class RowTree:
                  load: Callable[[int], bytes] | None = None) -> None:
         self.load = load  # a stored node's bytes, by its id
         self.order: SortKey | None = None
-        self._leaves_of: dict[Clustering, _Leaf] = {}  # the leaf of each row of the leaves read (not inline)
+        self._leaves_of: dict[Clustering, _Leaf] = {}  # rows of the leaves read, and clusterings looked up
         if stored is None or isinstance(stored, dict):
             self._root: _Leaf | _Inner = _leaf(stored, None)
             self._height = 0
@@ -121,10 +121,15 @@ class RowTree:
         order = self.order
         if order is None:
             raise RuntimeError("the rows' order is not known: the merge gives it before reading rows")
-        return bisect_right(node.entries, order(clustering), lo=1, key=lambda entry: order(entry[0])) - 1
+        key, entries = order(clustering), node.entries
+        last = len(entries) - 1
+        if last > 0 and not key < order(entries[last][0]):
+            return last  # appends, a series' usual write, go to the last child: one comparison, not a search
+        return bisect_right(entries, key, lo=1, hi=last, key=lambda entry: order(entry[0])) - 1
 
     def _leaf_of(self, clustering: Clustering) -> _Leaf:
-        """The leaf a clustering belongs in: the one its row is in, once read, else found from the root."""
+        """The leaf a clustering belongs in, found from the root once: a row is looked up several times in a
+        merge, and leaves keep their clusterings until the tree is sealed (which forgets them)."""
         leaf = self._leaves_of.get(clustering)
         if leaf is not None:
             return leaf
@@ -133,6 +138,8 @@ class RowTree:
             assert isinstance(node, _Inner)
             node = self._child(node, self._index(node, clustering), height)
         assert isinstance(node, _Leaf)
+        if self._height:
+            self._leaves_of[clustering] = node
         return node
 
     def _leaves(self, wanted: Callable[[Entry], bool] = lambda entry: True) -> Iterator[_Leaf]:
@@ -174,14 +181,10 @@ class RowTree:
         return self._leaf_of(clustering).rows[clustering]
 
     def __setitem__(self, clustering: Clustering, row: RowState) -> None:
-        leaf = self._leaf_of(clustering)
-        leaf.rows[clustering] = row
-        if self._height:
-            self._leaves_of[clustering] = leaf
+        self._leaf_of(clustering).rows[clustering] = row
 
     def __delitem__(self, clustering: Clustering) -> None:
         del self._leaf_of(clustering).rows[clustering]
-        self._leaves_of.pop(clustering, None)
 
     def __contains__(self, clustering: object) -> bool:
         return self.get(clustering) is not None  # type: ignore[arg-type]
