@@ -1,9 +1,10 @@
 """The events consumed by the real consumers a Debezium user runs: a Kafka Connect 4.3 standalone worker,
 Connect's JsonConverter, Debezium's JDBC sink (3.2) and its ExtractNewRecordState, writing into a real
-PostgreSQL 14; and the same changes in Avro, registered in a real schema registry (Apicurio 2.4, through its
-Confluent API) and read by Apicurio's AvroConverter. Three simulated replicas' agents and the Spark pipeline
+PostgreSQL 14, configured as docs/events.md's recipe says (its blocks read from the file: ``sink_recipe``); and
+the same changes in Avro, registered in a real schema registry (Apicurio 2.4, through its Confluent API) and
+read by Apicurio's AvroConverter. Three simulated replicas' agents and the Spark pipeline
 produce the events on a real Kafka broker (the JSON events first, then, from the same raw topic, the Avro
-ones with other handling modes: one pipeline query at a time); the PostgreSQL tables must then hold what
+ones: one pipeline query at a time); the PostgreSQL tables must then hold what
 the simulator's model of the writes says the Cassandra tables hold (computed from the CQL operations, not
 from our events), counters and vectors included, after a TRUNCATE (one applied from each format) and after
 TTL expiries too."""
@@ -21,6 +22,7 @@ from cassandra import util
 
 from agent_harness import NodeTruncations, TopicReader, wait_until
 from conftest import require_jvm_artifacts, start_agents
+from sink_recipe import SinkRecipe, sink_recipe
 from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings, load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import start
 from cassandra_cdc.schema import parse_schema
@@ -78,15 +80,11 @@ EXPIRING = "expiring"
 # PostgreSQL (the pipeline, the registry and the worker start within it), so that the expiries are changes
 # the sink applies.
 EXPIRY_DELAY = 150
-# A table (its column v) per type the sink may not take: the value written, and what Debezium's JDBC sink
-# 3.2.0 did with it on PostgreSQL 14, as docs/events.md tells. Refused: the error its task fails with (each
-# with a connector of its own: a failed task stops every topic of its connector).
-REFUSED: dict[str, tuple[Any, str]] = {
-    "wide": (10**20 + 1, "ERROR: NUMERIC scale -1 must be between 0 and precision 38"),
-}
-# Taken: the value psycopg reads back (a map's keys as hstore's text; a duration as ISO 8601 text; a user
-# type, a tuple, a list of lists in composite_handling_mode json: their CQL JSON in a json column).
+# A table (its column v) per type the sink takes only with the recipe's handling modes: the value written, and
+# what psycopg reads back (a varint as text; a map, a user type, a tuple, a list of lists as their CQL JSON in
+# a json column, keys as text; a duration as ISO 8601 text).
 TAKEN: dict[str, tuple[Any, Any]] = {
+    "wide": (10**20 + 1, "100000000000000000001"),
     "idmaps": ({1: "a"}, {"1": "a"}),
     "spans": (util.Duration(1, 2, 3_000_000_000), "P0Y1M2DT0H0M3S"),
     "homes": (("main", 1), {"street": "main", "zip": 1}),
@@ -94,10 +92,7 @@ TAKEN: dict[str, tuple[Any, Any]] = {
     "grids": ([[1, 2], [3]], [[1, 2], [3]]),
     "vectors": ([1.5, -2.0, 0.25], [1.5, -2.0, 0.25]),
 }
-COMPOSITES = ("homes", "pairs", "grids")
-# The tables the Avro pipeline's connector writes (varint in varint_handling_mode string: a text column).
-AVRO_TABLES = (*TABLES, EXPIRING, COUNTERS, "wide", *COMPOSITES, AVRO_TRUNCATED)
-PROBES = {table: value for table, (value, _) in (REFUSED | TAKEN).items()}
+PROBES = {table: value for table, (value, _) in TAKEN.items()}
 JDBC_SINK = "io.debezium.connector.jdbc.JdbcSinkConnector"
 PENDING_SEGMENTS = "cassandra_cdc_agent_segments_pending"
 Rows = dict[tuple[Any, ...], dict[str, Any]]  # primary key values -> column -> value
@@ -160,12 +155,17 @@ def operations(first_timestamp: int, expiry: int) -> list[Any]:
           for table in (TRUNCATED, AVRO_TRUNCATED) for index in range(1, 4)]]
 
 
-def in_postgresql(value: Any, decimals: Callable[[decimal.Decimal], Any] = float) -> Any:
-    """A CQL value (as the DataStax driver gives it) as psycopg reads it back from the column the sink made:
-    decimal in a double precision column (``decimals``: as another handling mode makes it), time in a time
-    column (microseconds), a set in an array (in Cassandra's order), a map in an hstore (text)."""
+def plain_decimal(value: decimal.Decimal) -> str:
+    """A decimal as ``decimal_handling_mode: string`` writes it (Java's ``toPlainString``)."""
+    return format(value, "f")
+
+
+def in_postgresql(value: Any) -> Any:
+    """A CQL value (as the DataStax driver gives it) as psycopg reads it back from the column the sink made
+    with the recipe's handling modes: a decimal as its digits in a text column, time in a time column
+    (microseconds), a set in an array (in Cassandra's order), a map in a json column (keys as text)."""
     if isinstance(value, decimal.Decimal):
-        return decimals(value)
+        return plain_decimal(value)
     if isinstance(value, util.SortedSet):
         return list(value)
     if isinstance(value, util.Date):
@@ -173,16 +173,15 @@ def in_postgresql(value: Any, decimals: Callable[[decimal.Decimal], Any] = float
     if isinstance(value, util.Time):
         return datetime.time(value.hour, value.minute, value.second, value.nanosecond // 1000)
     if isinstance(value, Mapping):
-        return {str(key): str(element) for key, element in value.items()}
+        return {str(key): element for key, element in value.items()}
     return value
 
 
-def expected_rows(cluster: Cluster, table: str,
-                  decimals: Callable[[decimal.Decimal], Any] = float) -> Rows:
+def expected_rows(cluster: Cluster, table: str) -> Rows:
     """``SELECT *`` of the simulator's model of the table now, less the rows of partitions with only static
     values (their clustering columns are null: the pipeline skips them for JDBC sinks)."""
     rows = cluster.rows(f"shop.{table}", int(time.time()))
-    return {key: {column: in_postgresql(value, decimals) for column, value in row.items()}
+    return {key: {column: in_postgresql(value) for column, value in row.items()}
             for key, row in rows.items() if None not in key}
 
 
@@ -232,45 +231,33 @@ def wait_for_rows(connection: Any, table: str, key_columns: list[str], rows: Row
     return found
 
 
-# The recipe's worker settings (docs/events.md), and sink consumers that find the event topics within a
-# second of their creation (the worker may subscribe before the pipeline has created them).
-WORKER_SETTINGS = {"consumer.isolation.level": "read_committed", "consumer.metadata.max.age.ms": 1000}
+# What a deployment names, in the recipe's worker settings: the worker here sets its own.
+WORKER_SETTINGS_SET_HERE = ("bootstrap.servers", "offset.storage.file.filename", "plugin.path")
 
 
-def avro_converters(registry_url: str, ca_file: Path) -> dict[str, str]:
-    """The connector settings of docs/events.md's Avro recipe: Apicurio's AvroConverter for keys and values,
-    reading the Confluent wire format (a 4-byte id, which the Confluent API gives as Apicurio's content id)
-    with the schemas from ``registry_url`` (Apicurio's own API), over HTTPS with basic authentication."""
-    reading = {"apicurio.registry.url": registry_url, "apicurio.registry.as-confluent": "true",
-               "apicurio.registry.use-id": "contentId", "apicurio.auth.username": REGISTRY_USER,
-               "apicurio.auth.password": REGISTRY_PASSWORD,
-               "apicurio.rest.request.ssl.ca-bundle.location": str(ca_file)}
-    converters = {}
+def avro_converters(recipe: SinkRecipe, registry_url: str, ca_file: Path) -> dict[str, str]:
+    """The converters of docs/events.md's Avro recipe (Apicurio's AvroConverter for keys and values, reading
+    the Confluent wire format), with this registry's URL (Apicurio's own API), login and CA."""
+    ours = {"apicurio.registry.url": registry_url, "apicurio.auth.username": REGISTRY_USER,
+            "apicurio.auth.password": REGISTRY_PASSWORD,
+            "apicurio.rest.request.ssl.ca-bundle.location": str(ca_file)}
+    converters = dict(recipe.avro_converters)
     for side in ("key", "value"):
-        converters[f"{side}.converter"] = APICURIO_AVRO_CONVERTER
-        converters.update({f"{side}.converter.{name}": value for name, value in reading.items()})
+        assert converters[f"{side}.converter"] == APICURIO_AVRO_CONVERTER
+        converters.update({f"{side}.converter.{name}": value for name, value in ours.items()})
     return converters
 
 
-def connectors(jdbc_url: str, avro: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    """The JDBC sink of docs/events.md's recipe for the tables and the probe tables it takes, the same
-    behind ExtractNewRecordState, one for each probe table it refuses, and one for the Avro topics with the
-    ``avro`` converters."""
-    sink = {"connector.class": JDBC_SINK, "connection.url": jdbc_url, "connection.username": "postgres",
-            "connection.password": "", "insert.mode": "upsert", "delete.enabled": "true",
-            "truncate.enabled": "true", "primary.key.mode": "record_key", "schema.evolution": "basic",
-            "tasks.max": "1"}
-    topics = [f"{SERVER}.shop.{table}" for table in TABLES]
-    return {"tables": {**sink, "topics": ",".join([*topics, *(f"{SERVER}.shop.{table}"
-                                                              for table in (TRUNCATED, EXPIRING, COUNTERS,
-                                                                            *TAKEN))])},
-            "unwrapped": {**sink, "topics": ",".join(topics), "collection.name.format": "unwrapped_${topic}",
-                          "transforms": "unwrap",
-                          "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
-                          "transforms.unwrap.add.fields": "op,source.ts_ms"},
-            "avro": {**sink, **avro,
-                     "topics": ",".join(f"{AVRO_SERVER}.shop.{table}" for table in AVRO_TABLES)},
-            **{table: {**sink, "topics": f"{SERVER}.shop.{table}"} for table in REFUSED}}
+def connectors(recipe: SinkRecipe, jdbc_url: str, avro: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """docs/events.md's JDBC sink for every table of the JSON events, the same behind ExtractNewRecordState
+    for ``TABLES``, and the same for the Avro events with the ``avro`` converters; into this database."""
+    sink = {key: value for key, value in recipe.sink.items() if key not in ("name", "topics.regex")}
+    assert sink["connector.class"] == JDBC_SINK
+    sink.update({"connection.url": jdbc_url, "connection.username": "postgres", "connection.password": ""})
+    return {"tables": {**sink, "topics.regex": recipe.topics_regex(SERVER)},
+            "unwrapped": {**sink, **recipe.unwrap, "topics": ",".join(f"{SERVER}.shop.{t}" for t in TABLES),
+                          "collection.name.format": "unwrapped_${topic}"},
+            "avro": {**sink, **avro, "topics.regex": recipe.topics_regex(AVRO_SERVER)}}
 
 
 def avro_heartbeat(broker: Any, registry_settings: dict[str, str]) -> tuple[Any, Any]:
@@ -292,18 +279,15 @@ def avro_heartbeat(broker: Any, registry_settings: dict[str, str]) -> tuple[Any,
             decode(message.value(), SerializationContext(topic, MessageField.VALUE)))
 
 
-def plain_decimal(value: decimal.Decimal) -> str:
-    """A decimal as ``decimal_handling_mode: string`` writes it (Java's ``toPlainString``)."""
-    return format(value, "f")
 
 
 def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, spark: Any,
                                                               tmp_path: Path) -> None:
-    """Debezium's JDBC sink (upsert, deletes, truncates, record keys, basic schema evolution) makes of the
-    events of every table the table itself, from Connect JSON and from Avro through the registry, user types,
-    tuples and nested collections as CQL JSON (composite_handling_mode json), after a TRUNCATE and after TTL
-    expiries too; ExtractNewRecordState's ``source.ts_ms`` is each row's write time; the types it cannot take
-    fail its task with the error docs/events.md quotes."""
+    """Debezium's JDBC sink as docs/events.md's recipe sets it up (upsert, deletes, truncates, record keys,
+    basic schema evolution, every table's topic by a regex) makes of the events of every table the table
+    itself, from Connect JSON and from Avro through the registry, with the recipe's handling modes (decimals
+    and varints as text; maps, user types, tuples and nested collections as CQL JSON), after a TRUNCATE and
+    after TTL expiries too; ExtractNewRecordState's ``source.ts_ms`` is each row's write time."""
     from cassandra_cdc.agent.truncations import Truncation, TruncationWatch
     from cassandra_cdc.localcluster import ConnectWorker, PostgresServer, SchemaRegistryServer
     from cassandra_cdc.localcluster.artifacts import connect_plugin_path, postgres_home, registry_application
@@ -312,8 +296,6 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
     require_jvm_artifacts(connect_plugin_path, postgres_home, registry_application)
     import psycopg
     from psycopg.rows import dict_row
-    from psycopg.types import TypeInfo
-    from psycopg.types.hstore import register_hstore
 
     (tmp_path / "schema.cql").write_text(SCHEMA)
     schema = parse_schema(SCHEMA)
@@ -337,21 +319,23 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
     try:
         cluster.run(statements, sync_every=5)
         published()
+        recipe = sink_recipe()
         pipeline_settings = {
             "server": SERVER, "checkpoint": str(tmp_path / "checkpoint"),
-            "kafka.bootstrap_servers": real_kafka.bootstrap_servers, "output.static_only_rows": "skip",
-            "output.composite_handling_mode": "json", "spark.trigger_interval": "500 milliseconds"}
+            "kafka.bootstrap_servers": real_kafka.bootstrap_servers, **recipe.pipeline_settings(),
+            "spark.trigger_interval": "500 milliseconds"}
         pipeline = start(spark, load_pipeline_config(None, pipeline_settings))
         with SchemaRegistryServer(tmp_path / "registry", certificate,
                                   users={REGISTRY_USER: REGISTRY_PASSWORD}) as registry, \
                 PostgresServer(tmp_path / "postgres") as postgres, \
                 psycopg.connect(postgres.connection_string, autocommit=True,
                                 row_factory=dict_row) as connection:
-            connection.execute("CREATE EXTENSION hstore")  # where the sink puts a map
-            register_hstore(TypeInfo.fetch(connection, "hstore"), connection)
-            sinks = connectors(postgres.jdbc_url, avro_converters(registry.core_url, authority.certificate))
+            sinks = connectors(recipe, postgres.jdbc_url,
+                               avro_converters(recipe, registry.core_url, authority.certificate))
+            worker_settings = {key: value for key, value in recipe.worker.items()
+                               if key not in WORKER_SETTINGS_SET_HERE}
             with ConnectWorker(tmp_path / "connect", real_kafka.bootstrap_servers, sinks, heap="512m",
-                               worker_settings=WORKER_SETTINGS) as worker:
+                               worker_settings=worker_settings) as worker:
                 def still_working() -> None:
                     assert pipeline is not None and pipeline.exception() is None, pipeline.exception()
                     failed = {task for task in worker.failures()
@@ -386,10 +370,6 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                 for table, (_, stored) in TAKEN.items():
                     assert_rows(f"{SERVER}_shop_{table}", ["id"], {(1,): {"id": 1, "v": stored}})
                 assert_rows(f"{SERVER}_shop_{COUNTERS}", ["id"], expected_rows(cluster, COUNTERS))
-                for table, (_, error) in REFUSED.items():
-                    trace = wait_until(lambda: worker.failures().get(f"{table}/0"),
-                                       f"the task of {table} to fail", timeout=60, step=0.5)
-                    assert error in trace, trace
 
                 # TRUNCATE, and what is written after it lands.
                 truncation_ms = truncate(SERVER, TRUNCATED)
@@ -407,15 +387,14 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                 assert 3 not in {key[0] for key in expired} and expired[(2,)]["n"] is None, expired
                 assert_rows(f"{SERVER}_shop_{EXPIRING}", ["id"], expired)
 
-                # Avro through the registry, with the string handling modes for decimal and varint: the same
-                # raw records again, through a second pipeline (one query runs at a time).
+                # Avro through the registry: the same raw records again, through a second pipeline (one query
+                # runs at a time).
                 pipeline.stop()
                 avro_started_ms = time.time_ns() // 10**6
                 pipeline = start(spark, load_pipeline_config(None, {
                     **pipeline_settings, "server": AVRO_SERVER,
                     "checkpoint": str(tmp_path / "avro-checkpoint"), "kafka.raw_topic": f"{SERVER}.raw",
                     "kafka.schema_topic": f"{SERVER}.table-schemas", "output.format": "avro",
-                    "output.decimal_handling_mode": "string", "output.varint_handling_mode": "string",
                     "output.schema_registry.url": registry.url,
                     "output.schema_registry.ca_file": str(authority.certificate),
                     "output.schema_registry.username": REGISTRY_USER,
@@ -423,13 +402,9 @@ def test_debezium_jdbc_sink_writes_the_tables_into_postgresql(real_kafka: Any, s
                     "output.heartbeat_interval_ms": 1000}))
                 for table in (*TABLES, EXPIRING, COUNTERS):
                     key_columns = [c.name for c in schema.table("shop", table).primary_key]
-                    assert_rows(f"{AVRO_SERVER}_shop_{table}", key_columns,
-                                expected_rows(cluster, table, plain_decimal))
-                wide = str(PROBES["wide"])
-                assert_rows(f"{AVRO_SERVER}_shop_wide", ["id"], {(1,): {"id": 1, "v": wide}})
-                for table in COMPOSITES:
-                    assert_rows(f"{AVRO_SERVER}_shop_{table}", ["id"],
-                                {(1,): {"id": 1, "v": TAKEN[table][1]}})
+                    assert_rows(f"{AVRO_SERVER}_shop_{table}", key_columns, expected_rows(cluster, table))
+                for table, (_, stored) in TAKEN.items():
+                    assert_rows(f"{AVRO_SERVER}_shop_{table}", ["id"], {(1,): {"id": 1, "v": stored}})
                 truncate(AVRO_SERVER, AVRO_TRUNCATED)
 
                 # The heartbeats in Avro, registered there too.
