@@ -1,13 +1,12 @@
 """The events consumed by the real consumers a Debezium user runs: a Kafka Connect 4.3 standalone worker,
 Connect's JsonConverter, Debezium's JDBC sink (3.2) and its ExtractNewRecordState, writing into a real
-PostgreSQL 14, configured as docs/events.md's recipe says (its blocks read from the file: ``sink_recipe``); and
-the same changes in Avro, registered in a real schema registry (Apicurio 2.4, through its Confluent API) and
-read by Apicurio's AvroConverter. Three simulated replicas' agents and the Spark pipeline
-produce the events on a real Kafka broker (the JSON events first, then, from the same raw topic, the Avro
-ones: one pipeline query at a time); the PostgreSQL tables must then hold what
-the simulator's model of the writes says the Cassandra tables hold (computed from the CQL operations, not
-from our events), counters and vectors included, after a TRUNCATE (one applied from each format) and after
-TTL expiries too."""
+PostgreSQL 14, configured as docs/events.md's recipe says (its blocks read from the file: ``sink_recipe``);
+and the same changes in Avro, registered in a real schema registry (Apicurio 2.4, through its Confluent API)
+and read by Apicurio's AvroConverter. Three simulated replicas' agents and the Spark pipeline produce the
+events on a real Kafka broker (the JSON events first, then, from the same raw topic, the Avro ones: one
+pipeline query at a time); the PostgreSQL tables must then hold what the simulator's model of the writes says
+the Cassandra tables hold (computed from the CQL operations, not from our events), counters and vectors
+included, after a TRUNCATE (one applied from each format) and after TTL expiries too."""
 
 from __future__ import annotations
 
