@@ -46,10 +46,11 @@ PAGE_KEY_SCHEMA = StructType([StructField("page", IntegerType())])
 EXPIRY_BUCKET_KEY_SCHEMA = StructType([StructField("bucket", IntegerType())])
 
 DEFAULT_STATE_PAGES = 256
-# The bytes a group's pages hold on average, beyond which a page is split: small pages make a batch that
-# touches a few partitions read and write little (the latency case), full ones make a backlog, which touches
-# most pages, cost fewer state calls.
-PAGE_BYTES = 8 << 10
+# The bytes a group's pages hold on average, beyond which a page is split. A write reads and writes its whole
+# page, and in a large table each partition a batch writes is on a page of its own: small pages keep that
+# cheap, in a backlog as in a batch of a few records. A batch that touches every page (a small table's backlog)
+# pays a state call per page instead, which pages far smaller than a partition's state would multiply.
+PAGE_BYTES = 1 << 10
 # Pages whose next expiries are one value (bucket) of the expiries' MapState.
 EXPIRY_BUCKET_PAGES = 4096
 # Bytes of a group's pages a worker keeps read at once; beyond, the least recently used ones are written back.

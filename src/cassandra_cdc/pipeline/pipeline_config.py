@@ -82,7 +82,7 @@ class SparkSettings(_Section):
                                                          "parallel (fixed once a checkpoint exists).")
     state_pages: int = Field(256, ge=1, le=1 << 20,
                              description="Pages of merge state each raw topic partition starts with; they split "
-                             "as the state grows, so that a page holds about 8 KB whatever the table's size "
+                             "as the state grows, so that a page holds about 1 KB whatever the table's size "
                              "(fixed once a checkpoint exists; the default suits any table: docs/pipeline.md, "
                              "State).")
     trigger_interval: str = Field("1 second", description="Micro-batch interval.")
