@@ -56,19 +56,15 @@ def sink_recipe() -> SinkRecipe:
     section = text[start:text.index("\n## ", start + 1)]
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
     output = next(yaml.safe_load(body)["output"] for kind, body in blocks if kind == "yaml")
-    properties = [java_properties(body) | {"#": body.splitlines()[0]} for kind, body in blocks
-                  if kind == "properties"]
+    properties = [(body.splitlines()[0], java_properties(body)) for kind, body in blocks if kind == "properties"]
 
-    def block(first_line: str) -> dict[str, str]:
-        [found] = [{k: v for k, v in p.items() if k != "#"} for p in properties if p["#"] == first_line]
+    def block(first_line: str | None = None, having: str | None = None) -> dict[str, str]:
+        """The one properties block with that first line, or with that key."""
+        [found] = [settings for first, settings in properties if first == first_line or having in settings]
         return found
 
-    def having(key: str) -> dict[str, str]:
-        [found] = [{k: v for k, v in p.items() if k != "#"} for p in properties if key in p]
-        return found
-
-    key_converter = having("key.converter.apicurio.registry.url")
+    key_converter = block(having="key.converter.apicurio.registry.url")
     # The docs give the key converter's settings, and say the value's are the same.
     avro = {**key_converter, **{k.replace("key.", "value.", 1): v for k, v in key_converter.items()}}
     return SinkRecipe(output, block("# worker.properties"), block("# postgres-sink.properties"),
-                      having("transforms"), avro)
+                      block(having="transforms"), avro)
