@@ -56,7 +56,8 @@ def sink_recipe() -> SinkRecipe:
     section = text[start:text.index("\n## ", start + 1)]
     blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.S)
     output = next(yaml.safe_load(body)["output"] for kind, body in blocks if kind == "yaml")
-    properties = [(body.splitlines()[0], java_properties(body)) for kind, body in blocks if kind == "properties"]
+    properties = [(body.splitlines()[0], java_properties(body)) for kind, body in blocks
+                  if kind == "properties"]
 
     def block(first_line: str | None = None, having: str | None = None) -> dict[str, str]:
         """The one properties block with that first line, or with that key."""
