@@ -679,7 +679,9 @@ def test_random_tables_round_trip_through_to_cql(table: TableMetadata) -> None:
 # --- CQL types ----------------------------------------------------------------------------------
 
 ADDRESS = user_type("ks", "address", {"street": parse_type("text"), "zip": parse_type("int")})
-UDTS = {"address": ADDRESS}
+# Field names as CQL quotes them: toJson quotes a name with upper-case letters (which fromJson then reads).
+PLACE = user_type("ks", "Place", {"Street": parse_type("text"), "zip code": parse_type("int")})
+UDTS = {"address": ADDRESS, "Place": PLACE}
 A_UUID = uuid.UUID("6ab09bec-e68e-48d9-a5f8-97e6fb4c9b47")
 A_TIMEUUID = uuid.UUID("5a1c395e-b41f-11e5-9f22-ba0be0483c18")
 
@@ -732,6 +734,7 @@ TYPE_CASES = [
     ("tuple<int, text, frozen<list<double>>>", (1, "a", [0.5]), [1, "a", [0.5]], None, False),
     ("address", ("Main St", 12345), {"street": "Main St", "zip": 12345}, None, True),
     ("list<frozen<address>>", [("a", 1)], [{"street": "a", "zip": 1}], None, True),
+    ('frozen<"Place">', ("Main St", None), {'"Street"': "Main St", "zip code": None}, None, False),
     ("vector<float, 3>", [1.0, -2.0, 0.25], [1.0, -2.0, 0.25], 12, False),
     ("vector<float, 2>", [7.62, -0.01], [7.62, -0.01], 8, False),
     ("vector<bigint, 2>", [1, 2], [1, 2], 16, False),

@@ -406,8 +406,10 @@ def _to_json(t: CqlType, value: Any) -> Any:
     if kind == "tuple":
         return [_to_json(p, v) for p, v in zip(t.parameters, value)]
     if kind == "udt":
-        return {n: _to_json(p, getattr(value, n, None) if not isinstance(value, tuple) or hasattr(value, n)
-                             else value[i])
+        # A field name with upper-case letters is quoted, as CQL writes it (so that fromJson reads it back).
+        return {n if n == n.lower() else f'"{n}"':
+                _to_json(p, getattr(value, n, None) if not isinstance(value, tuple) or hasattr(value, n)
+                         else value[i])
                 for i, (n, p) in enumerate(zip(t.field_names, t.parameters))}
     return str(value)
 
