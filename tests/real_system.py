@@ -153,10 +153,11 @@ def drops_by_node(bootstrap_servers: str, server: str, table: bytes) -> collecti
 
 
 def table_id(session: Any, keyspace: str, table: str) -> bytes:
-    """A table's id (16 bytes, as raw records' keys start) from ``system_schema``."""
+    """A table's id (16 bytes, as raw records' keys start) from ``system_schema`` (a session whose rows are
+    named tuples or dicts)."""
     row = session.execute("SELECT id FROM system_schema.tables WHERE keyspace_name = %s AND table_name = %s",
                           (keyspace, table)).one()
-    return row.id.bytes
+    return (row["id"] if isinstance(row, dict) else row.id).bytes
 
 
 def create_single_replica_table(session: Any, keyspace: str, table: str) -> Any:

@@ -1,19 +1,21 @@
 """Debezium's JDBC sink into PostgreSQL, configured as docs/events.md's recipe says (its blocks read from the
 file: ``sink_recipe``), on the real thing: three Cassandra 5.0 nodes (``real_cassandra``, RF 3), an agent
-process beside each (schema read from its node by CQL), the pipeline on the real Kafka broker, a Kafka Connect
-4.3 standalone worker with Debezium's JDBC sink 3.2 (and its ExtractNewRecordState) writing into PostgreSQL 14,
-from Connect JSON and from Avro through Apicurio's registry (2.4, its Confluent API over HTTPS with a login).
+process beside each (schema read from its node by CQL), the pipeline on the real Kafka broker, a Kafka
+Connect 4.3 standalone worker with Debezium's JDBC sink 3.2 (and its ExtractNewRecordState) writing into
+PostgreSQL 14, from Connect JSON and from Avro through Apicurio's registry (2.4, its Confluent API over
+HTTPS with a login).
 
 The tables are ones a user could have, adversarial where the sink could break: reserved words and mixed-case
 quoted names as table and column names; quotes, backslashes, ``=>``, commas, braces, unicode and empty
-strings in text, in lists and in map keys and values; NaN and the infinities; 38-digit decimals; the extremes
-of every integer type; IPv6; durations; empty collections; a composite partition key, a static column, a frozen
-user type, a tuple, nested collections, a vector, counters. Written through cassandra-driver at CONSISTENCY
-ALL: inserts, updates of cells and collection elements, row, range and partition deletes, TTLs, an LWT, a
-logged batch, an ``ALTER TABLE ADD`` and a ``TRUNCATE`` while the sink runs. Every PostgreSQL table must equal
-``SELECT *`` at CONSISTENCY ALL as the recipe's type table says the sink stores each type (maps, user types,
-tuples and nested collections as the node's own ``toJson``), in both formats, before and after TTL expiries;
-one table through Debezium's column options (excluded, truncated, masked and hashed columns)."""
+strings in text, in lists and in map keys and values; NaN and the infinities; 38-digit decimals; the
+extremes of every integer type; IPv6; durations; empty collections; a composite partition key, a static
+column, a frozen user type, a tuple, nested collections, a vector, counters. Written through
+cassandra-driver at CONSISTENCY ALL: inserts, updates of cells and collection elements, row, range and
+partition deletes, TTLs, an LWT, a logged batch, an ``ALTER TABLE ADD`` and a ``TRUNCATE`` while the sink
+runs. Every PostgreSQL table must equal ``SELECT *`` at CONSISTENCY ALL as the recipe's type table says the
+sink stores each type (maps, user types, tuples and nested collections as the node's own ``toJson``), in
+both formats, before and after TTL expiries; one table through Debezium's column options (excluded,
+truncated, masked and hashed columns), and the Avro events with ``skipped.operations`` of truncations."""
 
 from __future__ import annotations
 
@@ -33,9 +35,9 @@ from cassandra.cluster import EXEC_PROFILE_DEFAULT
 from cassandra.query import dict_factory
 from psycopg import sql
 
-from agent_harness import TopicReader, wait_until
 from conftest import require_jvm_artifacts
-from real_system import System, session_at_all
+from real_system import (System, messages, session_at_all, table_id, topic_exists, truncations_by_node,
+                         wait_for)
 from sink_recipe import SinkRecipe, sink_recipe
 from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings, load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import start
@@ -48,7 +50,8 @@ APICURIO_AVRO_CONVERTER = "io.apicurio.registry.utils.converter.AvroConverter"
 JDBC_SINK = "io.debezium.connector.jdbc.JdbcSinkConnector"
 
 SCHEMA = [
-    f"""CREATE KEYSPACE "{KEYSPACE}" WITH replication = {{'class': 'SimpleStrategy', 'replication_factor': 3}}""",
+    f'CREATE KEYSPACE "{KEYSPACE}" WITH replication = '
+    "{'class': 'SimpleStrategy', 'replication_factor': 3}",
     f'''CREATE TYPE "{KEYSPACE}"."Address" ("Street" text, "zip code" int)''',
     f'''CREATE TABLE "{KEYSPACE}"."Order" (
         "user" text, "group" int, "time" timestamp, "Static Note" text static,
@@ -67,8 +70,8 @@ SCHEMA = [
     f'CREATE TABLE "{KEYSPACE}".notes (id int PRIMARY KEY, body text) WITH cdc = true',
     f'CREATE TABLE "{KEYSPACE}".drafts (id int PRIMARY KEY, body text) WITH cdc = true',
     f'CREATE TABLE "{KEYSPACE}".expiring (id int PRIMARY KEY, v text, n int) WITH cdc = true',
-    f'''CREATE TABLE "{KEYSPACE}".accounts (id int PRIMARY KEY, email text, password text, card text, bio text)
-        WITH cdc = true''',
+    f'''CREATE TABLE "{KEYSPACE}".accounts (
+        id int PRIMARY KEY, email text, password text, card text, bio text) WITH cdc = true''',
 ]
 # The primary key columns of each table, and its columns that the recipe's handling modes make json (the
 # node's toJson is what the sink must store there).
@@ -83,7 +86,9 @@ TABLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "accounts": (("id",), ()),
 }
 UNWRAPPED = "orders"  # also behind ExtractNewRecordState
-TRUNCATED, AVRO_TRUNCATED = "notes", "drafts"  # truncated once their rows are in PostgreSQL, by each format
+# Truncated once their rows are in PostgreSQL: one while the JSON events' sink runs, one while the Avro
+# events' sink runs (their pipeline skips truncations).
+TRUNCATED, AVRO_TRUNCATED = "notes", "drafts"
 # Avro's names of the columns whose CQL names are not Avro names (docs/events.md: Avro field names).
 AVRO_NAMES = {"Static Note": "Static_Note", "Mixed Case": "Mixed_Case", "a,b=>c": "a_b__c",
               "Added Later": "Added_Later"}
@@ -91,8 +96,8 @@ AVRO_NAMES = {"Static Note": "Static_Note", "Mixed Case": "Mixed_Case", "a,b=>c"
 # pipeline, the registry and the worker start within it), so that the expiries are changes the sink applies.
 EXPIRY_DELAY = 150
 
-AWKWARD_TEXTS = ["", "plain", 'a "quote"', "back\\slash", "a => b", "a, b", "{braces}", "é ü ß € 漢字 🎉",
-                 "'single'", "new\nline", "tab\t", '\\"', "NULL", "[1, 2]", "$1 ${topic}"]
+AWKWARD_TEXTS = ["", "plain", 'a "quote"', "back\\slash", "a => b", "a, b", "{braces}",
+                 "é ü ß € 漢字 🎉", "'single'", "new\nline", "tab\t", '\\"', "NULL", "[1, 2]", "$1 ${topic}"]
 # Durations with the text Debezium's io.debezium.time.Interval gives them (docs/events.md's type table).
 DURATIONS = [(util.Duration(0, 0, 0), "P0Y0M0DT0H0M0S"),
              (util.Duration(14, 3, 3_723_500_000_000), "P1Y2M3DT1H2M3.5S"),
@@ -136,7 +141,8 @@ def order_row(index: int) -> dict[str, Any]:
         "span": DURATIONS[index % len(DURATIONS)][0],
         "tags": [texts[(index + k) % len(texts)] for k in range(index % 4)],  # the empty one is null
         "marks": [set(), {-2**31, 0, 2**31 - 1}, {index}][pick],
-        "attrs": {texts[(index + k) % len(texts)]: texts[(index + k + 5) % len(texts)] for k in range(index % 5)},
+        "attrs": {texts[(index + k) % len(texts)]: texts[(index + k + 5) % len(texts)]
+                  for k in range(index % 5)},
         "byId": {-1: texts[index % len(texts)], 2**31 - 1: "\\"} if index % 2 else {},
         "home": (texts[index % len(texts)], None if pick else index),  # ("Street", "zip code")
         "pair": [(1, "x"), (None, ""), (-2**31, 'a "quote"')][pick],
@@ -186,7 +192,7 @@ def write_first(session: Any, expiry: int, orders_written_at: int) -> None:
 
     orders = f'"{KEYSPACE}".orders'
     for offset, statement in enumerate([
-            "INSERT INTO {t} (id, line, item, qty, owner) VALUES (1, 1, 'tea', 2, 'ann') USING TIMESTAMP {at}",
+            "INSERT INTO {t} (id, line, item, qty, owner) VALUES (1, 1, 'tea', 2, 'a') USING TIMESTAMP {at}",
             "INSERT INTO {t} (id, line, item, qty) VALUES (1, 2, 'cake', 1) USING TIMESTAMP {at}",
             "UPDATE {t} USING TIMESTAMP {at} SET owner = 'bob' WHERE id = 1",
             "INSERT INTO {t} (id, line, item, qty) VALUES (2, 1, 'jam', 5) USING TIMESTAMP {at}",
@@ -363,23 +369,18 @@ def connectors(recipe: SinkRecipe, jdbc_url: str, avro: Mapping[str, str]) -> di
             "avro": {**sink, **avro, "topics.regex": recipe.topics_regex(AVRO_SERVER, KEYSPACE)}}
 
 
-def avro_heartbeat(broker: Any, registry_settings: dict[str, str]) -> tuple[Any, Any]:
-    """The key and value of the Avro pipeline's first heartbeat, decoded with the schemas the registry
-    gives for their ids."""
+def avro_messages(bootstrap_servers: str, topic: str,
+                  registry_settings: dict[str, str]) -> list[tuple[Any, Any]]:
+    """Every message of ``topic``, its key and value decoded with the schemas the registry gives for their
+    ids (a tombstone's value None)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
     from confluent_kafka.schema_registry.avro import AvroDeserializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    topic = f"__debezium-heartbeat.{AVRO_SERVER}"
-    reader = TopicReader(broker, topic)
-    try:
-        wait_until(lambda: reader.poll() >= 0 and reader.messages, "an Avro heartbeat", timeout=60)
-    finally:
-        reader.consumer.close()
     decode = AvroDeserializer(SchemaRegistryClient(registry_settings))
-    message = reader.messages[0]
-    return (decode(message.key(), SerializationContext(topic, MessageField.KEY)),
-            decode(message.value(), SerializationContext(topic, MessageField.VALUE)))
+    return [(decode(key, SerializationContext(topic, MessageField.KEY)),
+             decode(value, SerializationContext(topic, MessageField.VALUE)))
+            for _, key, value in messages(bootstrap_servers, topic)]
 
 
 # --- the test ---------------------------------------------------------------------------------------------
@@ -494,15 +495,36 @@ def test_the_recipe_writes_every_table_into_postgresql_as_select_shows_it(
                         "output.schema_registry.ca_file": str(authority.certificate),
                         "output.schema_registry.username": REGISTRY_USER,
                         "output.schema_registry.password": REGISTRY_PASSWORD,
-                        "output.heartbeat_interval_ms": 1000}))
+                        "output.heartbeat_interval_ms": 1000, "output.skipped_operations": "t"}))
                     assert_tables(AVRO_SERVER, [table for table in TABLES if table != TRUNCATED], avro=True)
+
+                    # skipped.operations=t: a TRUNCATE has no event, and the sink keeps the rows; what is
+                    # written after it comes as usual.
+                    kept = selected_rows(session, AVRO_TRUNCATED, avro=True)
                     truncate(session, AVRO_TRUNCATED)
-                    assert_equal(f"{AVRO_SERVER}_{KEYSPACE}_{AVRO_TRUNCATED}", ("id",), dict)
+                    drafts_id = table_id(session, KEYSPACE, AVRO_TRUNCATED)
+                    nodes = {node.address for node in real_cassandra.nodes}
+                    wait_for(lambda: {node for node, _ in truncations_by_node(
+                        real_kafka.bootstrap_servers, f"{SERVER}.raw", drafts_id)} == nodes,
+                        "every agent to publish the truncation", 120, system.agents)
+                    session.execute(f'INSERT INTO "{KEYSPACE}".{AVRO_TRUNCATED} (id, body) VALUES (4, %s)',
+                                    ("after 4",))
+                    assert_equal(f"{AVRO_SERVER}_{KEYSPACE}_{AVRO_TRUNCATED}", ("id",),
+                                 lambda: {**kept, (4,): {"id": 4, "body": "after 4"}})
+                    registry_settings = SchemaRegistrySettings(
+                        url=registry.url, username=REGISTRY_USER, password=REGISTRY_PASSWORD,
+                        ca_file=authority.certificate).client_settings()
+                    written = {(value["op"], value["after"]["id"]) for _, value in avro_messages(
+                        real_kafka.bootstrap_servers, f"{AVRO_SERVER}.{KEYSPACE}.{AVRO_TRUNCATED}",
+                        registry_settings)}
+                    assert written == {("c", index) for index in range(1, 5)}, written
 
                     # The heartbeats in Avro, registered there too.
-                    key, value = avro_heartbeat(real_kafka, SchemaRegistrySettings(
-                        url=registry.url, username=REGISTRY_USER, password=REGISTRY_PASSWORD,
-                        ca_file=authority.certificate).client_settings())
+                    heartbeats = f"__debezium-heartbeat.{AVRO_SERVER}"
+                    wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, heartbeats),
+                             "an Avro heartbeat", 60, system.agents)
+                    [(key, value), *_] = avro_messages(real_kafka.bootstrap_servers, heartbeats,
+                                                       registry_settings)
                     assert key == {"serverName": AVRO_SERVER}, key
                     assert avro_started_ms <= value["ts_ms"] <= time.time_ns() // 10**6, value
     finally:
