@@ -19,6 +19,7 @@ truncated, masked and hashed columns), and the Avro events with ``skipped.operat
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import decimal
 import hashlib
@@ -93,8 +94,8 @@ TRUNCATED, AVRO_TRUNCATED = "notes", "drafts"
 AVRO_NAMES = {"Static Note": "Static_Note", "Mixed Case": "Mixed_Case", "a,b=>c": "a_b__c",
               "Added Later": "Added_Later"}
 # Seconds after the writes when the TTLs of "expiring" run out: after its rows have reached PostgreSQL (the
-# pipeline, the registry and the worker start within it), so that the expiries are changes the sink applies.
-EXPIRY_DELAY = 150
+# pipeline starts within it), so that the expiries are changes the sink applies.
+EXPIRY_DELAY = 90
 
 AWKWARD_TEXTS = ["", "plain", 'a "quote"', "back\\slash", "a => b", "a, b", "{braces}",
                  "é ü ß € 漢字 🎉", "'single'", "new\nline", "tab\t", '\\"', "NULL", "[1, 2]", "$1 ${topic}"]
@@ -408,7 +409,20 @@ def test_the_recipe_writes_every_table_into_postgresql_as_select_shows_it(
     # Written an hour ago: the write time cannot be mistaken for the time the events were processed.
     orders_written_at = time.time_ns() // 1000 - 3600 * 10**6
     try:
-        with session_at_all(real_cassandra, SCHEMA) as session:
+        with contextlib.ExitStack() as stack:
+            # The sink first: the rows whose TTLs run out reach it soon after they are written.
+            registry = stack.enter_context(SchemaRegistryServer(tmp_path / "registry", certificate,
+                                                                users={REGISTRY_USER: REGISTRY_PASSWORD}))
+            postgres = stack.enter_context(PostgresServer(tmp_path / "postgres"))
+            connection = stack.enter_context(psycopg.connect(postgres.connection_string, autocommit=True,
+                                                             row_factory=dict_row))
+            sinks = connectors(recipe, postgres.jdbc_url,
+                               avro_converters(recipe, registry.core_url, authority.certificate))
+            worker_settings = {key: value for key, value in recipe.worker.items()
+                               if key not in WORKER_SETTINGS_SET_HERE}
+            worker = stack.enter_context(ConnectWorker(tmp_path / "connect", real_kafka.bootstrap_servers,
+                                                       sinks, heap="512m", worker_settings=worker_settings))
+            session = stack.enter_context(session_at_all(real_cassandra, SCHEMA))
             session.get_execution_profile(EXEC_PROFILE_DEFAULT).row_factory = dict_factory
             system.start_agents()
             expiry = int(time.time()) + EXPIRY_DELAY
@@ -419,114 +433,104 @@ def test_the_recipe_writes_every_table_into_postgresql_as_select_shows_it(
                 **{f"output.{key}": value for key, value in COLUMN_RULES.items()},
                 "spark.trigger_interval": "500 milliseconds"}
             pipeline = start(spark, load_pipeline_config(None, pipeline_settings))
-            with SchemaRegistryServer(tmp_path / "registry", certificate,
-                                      users={REGISTRY_USER: REGISTRY_PASSWORD}) as registry, \
-                    PostgresServer(tmp_path / "postgres") as postgres, \
-                    psycopg.connect(postgres.connection_string, autocommit=True,
-                                    row_factory=dict_row) as connection:
-                sinks = connectors(recipe, postgres.jdbc_url,
-                                   avro_converters(recipe, registry.core_url, authority.certificate))
-                worker_settings = {key: value for key, value in recipe.worker.items()
-                                   if key not in WORKER_SETTINGS_SET_HERE}
-                with ConnectWorker(tmp_path / "connect", real_kafka.bootstrap_servers, sinks, heap="512m",
-                                   worker_settings=worker_settings) as worker:
-                    def still_working() -> None:
-                        assert pipeline is not None and pipeline.exception() is None, pipeline.exception()
-                        for agent in system.agents:
-                            assert agent.exit_code is None, f"{agent.name} exited: {agent.log_tail(30)}"
-                        failed = {task for task in worker.failures()
-                                  if task.split("/")[0] in ("tables", "unwrapped", "avro")}
-                        assert not failed, worker.failure("a task failed")
 
-                    def assert_equal(sunk: str, key: tuple[str, ...], expected: Callable[[], Rows],
-                                     timeout: float = 120.0) -> None:
-                        """PostgreSQL's table ``sunk`` equals ``expected()`` (taken again each second)
-                        within ``timeout`` seconds."""
-                        deadline = time.monotonic() + timeout
-                        while True:
-                            rows = comparable(expected())
-                            found = comparable(postgresql_rows(connection, sunk, key))
-                            if found == rows:
-                                return
-                            assert time.monotonic() < deadline, f"{sunk}: {differences(found, rows)}"
-                            still_working()
-                            time.sleep(1)
+            def still_working() -> None:
+                assert pipeline is not None and pipeline.exception() is None, pipeline.exception()
+                for agent in system.agents:
+                    assert agent.exit_code is None, f"{agent.name} exited: {agent.log_tail(30)}"
+                failed = {task for task in worker.failures()
+                          if task.split("/")[0] in ("tables", "unwrapped", "avro")}
+                assert not failed, worker.failure("a task failed")
 
-                    def assert_tables(server: str, tables: list[str], avro: bool = False) -> None:
-                        for table in tables:
-                            assert_equal(f"{server}_{KEYSPACE}_{table}", TABLES[table][0],
-                                         lambda: selected_rows(session, table, avro))
+            def assert_equal(sunk: str, key: tuple[str, ...], expected: Callable[[], Rows],
+                             timeout: float = 120.0) -> None:
+                """PostgreSQL's table ``sunk`` equals ``expected()`` (taken again each second)
+                within ``timeout`` seconds."""
+                deadline = time.monotonic() + timeout
+                while True:
+                    rows = comparable(expected())
+                    found = comparable(postgresql_rows(connection, sunk, key))
+                    if found == rows:
+                        return
+                    assert time.monotonic() < deadline, f"{sunk}: {differences(found, rows)}"
+                    still_working()
+                    time.sleep(1)
 
-                    assert_tables(SERVER, list(TABLES))
-                    assert time.time() < expiry, "the rows whose TTLs run out reached PostgreSQL too late"
-                    assert_equal(f"unwrapped_{SERVER}_{KEYSPACE}_{UNWRAPPED}", TABLES[UNWRAPPED][0], lambda: {
-                        key: {**row, "__op": UNWRAPPED_CHANGES[key][0],
-                              "__source_ts_ms": orders_written_at // 1000 + UNWRAPPED_CHANGES[key][1]}
-                        for key, row in selected_rows(session, UNWRAPPED, avro=False).items()})
+            def assert_tables(server: str, tables: list[str], avro: bool = False) -> None:
+                for table in tables:
+                    assert_equal(f"{server}_{KEYSPACE}_{table}", TABLES[table][0],
+                                 lambda: selected_rows(session, table, avro))
 
-                    # While the sink runs: a column added (the sink adds it), a TRUNCATE (the table
-                    # emptied) and what is written after it.
-                    session.execute(f'ALTER TABLE "{KEYSPACE}"."user" ADD "Added Later" text')
-                    session.execute(f'UPDATE "{KEYSPACE}"."user" SET "Added Later" = %s WHERE id = 2',
-                                    ('later "\\',))
-                    assert_tables(SERVER, ["user"])
-                    truncate(session, TRUNCATED)
-                    assert_equal(f"{SERVER}_{KEYSPACE}_{TRUNCATED}", ("id",), dict)
-                    for index in (1, 4):
-                        session.execute(f'INSERT INTO "{KEYSPACE}".{TRUNCATED} (id, body) VALUES (%s, %s)',
-                                        (index, f"after {index}"))
-                    assert_tables(SERVER, [TRUNCATED])
+            assert_tables(SERVER, list(TABLES))
+            assert time.time() < expiry, "the rows whose TTLs run out reached PostgreSQL too late"
+            assert_equal(f"unwrapped_{SERVER}_{KEYSPACE}_{UNWRAPPED}", TABLES[UNWRAPPED][0], lambda: {
+                key: {**row, "__op": UNWRAPPED_CHANGES[key][0],
+                      "__source_ts_ms": orders_written_at // 1000 + UNWRAPPED_CHANGES[key][1]}
+                for key, row in selected_rows(session, UNWRAPPED, avro=False).items()})
 
-                    # TTLs: the expired cell and row are gone (the row whose TTL ran out before the
-                    # pipeline started never came).
-                    time.sleep(max(0.0, expiry + 1 - time.time()))
-                    assert sorted(selected_rows(session, "expiring", avro=False)) == [(2,), (4,)]
-                    assert_tables(SERVER, ["expiring"])
+            # While the sink runs: a column added (the sink adds it), a TRUNCATE (the table
+            # emptied) and what is written after it.
+            session.execute(f'ALTER TABLE "{KEYSPACE}"."user" ADD "Added Later" text')
+            session.execute(f'UPDATE "{KEYSPACE}"."user" SET "Added Later" = %s WHERE id = 2',
+                            ('later "\\',))
+            assert_tables(SERVER, ["user"])
+            truncate(session, TRUNCATED)
+            assert_equal(f"{SERVER}_{KEYSPACE}_{TRUNCATED}", ("id",), dict)
+            for index in (1, 4):
+                session.execute(f'INSERT INTO "{KEYSPACE}".{TRUNCATED} (id, body) VALUES (%s, %s)',
+                                (index, f"after {index}"))
+            assert_tables(SERVER, [TRUNCATED])
 
-                    # Avro through the registry: the same raw records again, through a second pipeline
-                    # (one query runs at a time).
-                    pipeline.stop()
-                    avro_started_ms = time.time_ns() // 10**6
-                    pipeline = start(spark, load_pipeline_config(None, {
-                        **pipeline_settings, "server": AVRO_SERVER,
-                        "checkpoint": str(tmp_path / "avro-checkpoint"), "kafka.raw_topic": f"{SERVER}.raw",
-                        "kafka.schema_topic": f"{SERVER}.table-schemas", "output.format": "avro",
-                        "output.schema_registry.url": registry.url,
-                        "output.schema_registry.ca_file": str(authority.certificate),
-                        "output.schema_registry.username": REGISTRY_USER,
-                        "output.schema_registry.password": REGISTRY_PASSWORD,
-                        "output.heartbeat_interval_ms": 1000, "output.skipped_operations": "t"}))
-                    assert_tables(AVRO_SERVER, [table for table in TABLES if table != TRUNCATED], avro=True)
+            # TTLs: the expired cell and row are gone (the row whose TTL ran out before the
+            # pipeline started never came).
+            time.sleep(max(0.0, expiry + 1 - time.time()))
+            assert sorted(selected_rows(session, "expiring", avro=False)) == [(2,), (4,)]
+            assert_tables(SERVER, ["expiring"])
 
-                    # skipped.operations=t: a TRUNCATE has no event, and the sink keeps the rows; what is
-                    # written after it comes as usual.
-                    kept = selected_rows(session, AVRO_TRUNCATED, avro=True)
-                    truncate(session, AVRO_TRUNCATED)
-                    drafts_id = table_id(session, KEYSPACE, AVRO_TRUNCATED)
-                    nodes = {node.address for node in real_cassandra.nodes}
-                    wait_for(lambda: {node for node, _ in truncations_by_node(
-                        real_kafka.bootstrap_servers, f"{SERVER}.raw", drafts_id)} == nodes,
-                        "every agent to publish the truncation", 120, system.agents)
-                    session.execute(f'INSERT INTO "{KEYSPACE}".{AVRO_TRUNCATED} (id, body) VALUES (4, %s)',
-                                    ("after 4",))
-                    assert_equal(f"{AVRO_SERVER}_{KEYSPACE}_{AVRO_TRUNCATED}", ("id",),
-                                 lambda: {**kept, (4,): {"id": 4, "body": "after 4"}})
-                    registry_settings = SchemaRegistrySettings(
-                        url=registry.url, username=REGISTRY_USER, password=REGISTRY_PASSWORD,
-                        ca_file=authority.certificate).client_settings()
-                    written = {(value["op"], value["after"]["id"]) for _, value in avro_messages(
-                        real_kafka.bootstrap_servers, f"{AVRO_SERVER}.{KEYSPACE}.{AVRO_TRUNCATED}",
-                        registry_settings)}
-                    assert written == {("c", index) for index in range(1, 5)}, written
+            # Avro through the registry: the same raw records again, through a second pipeline
+            # (one query runs at a time).
+            pipeline.stop()
+            avro_started_ms = time.time_ns() // 10**6
+            pipeline = start(spark, load_pipeline_config(None, {
+                **pipeline_settings, "server": AVRO_SERVER,
+                "checkpoint": str(tmp_path / "avro-checkpoint"), "kafka.raw_topic": f"{SERVER}.raw",
+                "kafka.schema_topic": f"{SERVER}.table-schemas", "output.format": "avro",
+                "output.schema_registry.url": registry.url,
+                "output.schema_registry.ca_file": str(authority.certificate),
+                "output.schema_registry.username": REGISTRY_USER,
+                "output.schema_registry.password": REGISTRY_PASSWORD,
+                "output.heartbeat_interval_ms": 1000, "output.skipped_operations": "t"}))
+            assert_tables(AVRO_SERVER, [table for table in TABLES if table != TRUNCATED], avro=True)
 
-                    # The heartbeats in Avro, registered there too.
-                    heartbeats = f"__debezium-heartbeat.{AVRO_SERVER}"
-                    wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, heartbeats),
-                             "an Avro heartbeat", 60, system.agents)
-                    [(key, value), *_] = avro_messages(real_kafka.bootstrap_servers, heartbeats,
-                                                       registry_settings)
-                    assert key == {"serverName": AVRO_SERVER}, key
-                    assert avro_started_ms <= value["ts_ms"] <= time.time_ns() // 10**6, value
+            # skipped.operations=t: a TRUNCATE has no event, and the sink keeps the rows; what is
+            # written after it comes as usual.
+            kept = selected_rows(session, AVRO_TRUNCATED, avro=True)
+            truncate(session, AVRO_TRUNCATED)
+            drafts_id = table_id(session, KEYSPACE, AVRO_TRUNCATED)
+            nodes = {node.address for node in real_cassandra.nodes}
+            wait_for(lambda: {node for node, _ in truncations_by_node(
+                real_kafka.bootstrap_servers, f"{SERVER}.raw", drafts_id)} == nodes,
+                "every agent to publish the truncation", 120, system.agents)
+            session.execute(f'INSERT INTO "{KEYSPACE}".{AVRO_TRUNCATED} (id, body) VALUES (4, %s)',
+                            ("after 4",))
+            assert_equal(f"{AVRO_SERVER}_{KEYSPACE}_{AVRO_TRUNCATED}", ("id",),
+                         lambda: {**kept, (4,): {"id": 4, "body": "after 4"}})
+            registry_settings = SchemaRegistrySettings(
+                url=registry.url, username=REGISTRY_USER, password=REGISTRY_PASSWORD,
+                ca_file=authority.certificate).client_settings()
+            written = {(value["op"], value["after"]["id"]) for _, value in avro_messages(
+                real_kafka.bootstrap_servers, f"{AVRO_SERVER}.{KEYSPACE}.{AVRO_TRUNCATED}",
+                registry_settings)}
+            assert written == {("c", index) for index in range(1, 5)}, written
+
+            # The heartbeats in Avro, registered there too.
+            heartbeats = f"__debezium-heartbeat.{AVRO_SERVER}"
+            wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, heartbeats),
+                     "an Avro heartbeat", 60, system.agents)
+            [(key, value), *_] = avro_messages(real_kafka.bootstrap_servers, heartbeats,
+                                               registry_settings)
+            assert key == {"serverName": AVRO_SERVER}, key
+            assert avro_started_ms <= value["ts_ms"] <= time.time_ns() // 10**6, value
     finally:
         if pipeline is not None:
             pipeline.stop()
