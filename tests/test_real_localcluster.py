@@ -125,7 +125,7 @@ def test_a_node_that_cannot_start_raises_with_the_tail_of_its_log(tmp_path) -> N
     with pytest.raises(JvmError) as failure:
         cluster.start()
     message = str(failure.value)
-    assert message.startswith("Cassandra node 127.0.0.1 exited with status")
+    assert message.startswith("Cassandra 5.0 node 127.0.0.1 exited with status")
     assert "Invalid data storage: lots" in message and str(cluster.nodes[0].system_log) in message
     assert not cluster.nodes[0].running
 

