@@ -91,6 +91,16 @@ def test_real_demo_without_the_jvm_artifacts_says_so(tmp_path: Path, monkeypatch
     assert not (tmp_path / "demo-data").exists()
 
 
+def test_demo_refuses_a_cassandra_version_it_cannot_run(tmp_path: Path) -> None:
+    for arguments, said in ((["--cassandra-version", "3.11"], "--cassandra-version 3.11: one of 5.0, 4.1, 4.0"),
+                            (["--cassandra-version", "4.1", "--simulated"], "not with --simulated")):
+        result = CliRunner().invoke(app, ["demo", "--duration", "1", "--workdir", str(tmp_path / "demo-data"),
+                                          *arguments])
+        assert result.exit_code == 2, result.output
+        assert said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "demo-data").exists()
+
+
 def test_demo_runs_and_its_check_passes(tmp_path: Path) -> None:
     """The simulated system for 25 s of writing (the schema change at 10 s), then the final check (exit 1 if
     it fails)."""

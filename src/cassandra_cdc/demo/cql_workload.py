@@ -25,11 +25,18 @@ SHORT_TTL = 2  # seconds: the TTL of the workload's expiring writes
 DEFAULT_TTL = 3  # seconds: default_time_to_live of the table ``expiring``
 
 
-def schema_statements(keyspace: str) -> list[str]:
-    """The keyspace (RF=3 in ``datacenter1``), its user type and tables; ``plain`` has no CDC."""
+def has_vectors(cassandra_version: str) -> bool:
+    """Whether a Cassandra version has the ``vector`` type (5.0 and later)."""
+    return int(cassandra_version.split(".")[0]) >= 5
+
+
+def schema_statements(keyspace: str, cassandra_version: str = "5.0", replicas: int = 3) -> list[str]:
+    """The keyspace (``replicas`` in ``datacenter1``), its user type and tables (``types`` with a vector column
+    on a version that has them); ``plain`` has no CDC."""
+    embedding = "embedding vector<float, 3>, " if has_vectors(cassandra_version) else ""
     return [
         f"CREATE KEYSPACE {keyspace} WITH replication = "
-        "{'class': 'NetworkTopologyStrategy', 'datacenter1': 3}",
+        f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {replicas}}}",
         f"CREATE TYPE {keyspace}.address (street text, number int)",
         f"CREATE TYPE {keyspace}.tagged (name text, tags frozen<set<text>>, scores frozen<map<int, text>>)",
         f"""CREATE TABLE {keyspace}.rows (pk int, ck int, s text static, v text, n int, gone text,
@@ -42,7 +49,7 @@ def schema_statements(keyspace: str) -> list[str]:
         f"CREATE TABLE {keyspace}.counters (id int PRIMARY KEY, hits counter, misses counter) "
         "WITH cdc = true",
         f"""CREATE TABLE {keyspace}.types (id int PRIMARY KEY, amount decimal, total varint, span duration,
-            address inet, at time, day date, stamp timestamp, embedding vector<float, 3>, payload blob,
+            address inet, at time, day date, stamp timestamp, {embedding}payload blob,
             small smallint, tiny tinyint, big bigint, ratio float, flag boolean, uid uuid, tid timeuuid)
             WITH cdc = true""",
         f"""CREATE TABLE {keyspace}.expiring (id int PRIMARY KEY, v text)
@@ -63,9 +70,10 @@ def late_table_statement(keyspace: str) -> str:
 class Workload:
     """Statements at CONSISTENCY ALL; ``ts`` hands out explicit write timestamps for out-of-order writes."""
 
-    def __init__(self, session: Any, keyspace: str) -> None:
+    def __init__(self, session: Any, keyspace: str, cassandra_version: str = "5.0") -> None:
         self.session = session
         self.keyspace = keyspace
+        self.vectors = has_vectors(cassandra_version)
         self.base_ts = int(time.time() * 1_000_000)
 
     def __call__(self, cql: str, *values: Any, timeout: float | None = None) -> Any:
@@ -162,17 +170,19 @@ class Workload:
         self(f"DELETE FROM {self.keyspace}.counters WHERE id = %s", start)
 
     def types(self, start: int, count: int) -> None:
+        embedding = ["embedding"] if self.vectors else []
+        columns = ["id", "amount", "total", "span", "address", "at", "day", "stamp", *embedding, "payload",
+                   "small", "tiny", "big", "ratio", "flag", "uid", "tid"]
         for i in range(start, start + count):
-            self(f"INSERT INTO {self.keyspace}.types (id, amount, total, span, address, at, day, stamp, "
-                 "embedding, "
-                 "payload, small, tiny, big, ratio, flag, uid, tid) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, "
-                 "%s, %s, %s, %s, %s, %s, %s, %s, now())",
-                 i, decimal.Decimal(f"{i}.0100"), -(10 ** 30) * (i + 1),
-                 util.Duration(i, 2, 3_000_000_000 + i),
-                 f"10.1.{i}.7" if i % 2 else f"2001:db8::{i:x}", util.Time(3_600_000_000_123 + i),
-                 util.Date(19_000 + i), datetime.datetime(2024, 1, 2, 3, 4, 5, 678000) + datetime.timedelta(
-                     days=i), [i * 0.5, -1.25, 7.62], bytes([i, 0, 255]), -i, i % 100, 1 << 40, 7.62,
-                 i % 2 == 0, uuid.UUID(int=i + 1))
+            values = [i, decimal.Decimal(f"{i}.0100"), -(10 ** 30) * (i + 1),
+                      util.Duration(i, 2, 3_000_000_000 + i),
+                      f"10.1.{i}.7" if i % 2 else f"2001:db8::{i:x}", util.Time(3_600_000_000_123 + i),
+                      util.Date(19_000 + i),
+                      datetime.datetime(2024, 1, 2, 3, 4, 5, 678000) + datetime.timedelta(days=i),
+                      *([[i * 0.5, -1.25, 7.62]] if self.vectors else []), bytes([i, 0, 255]), -i, i % 100,
+                      1 << 40, 7.62, i % 2 == 0, uuid.UUID(int=i + 1)]
+            self(f"INSERT INTO {self.keyspace}.types ({', '.join(columns)}) "
+                 f"VALUES ({', '.join(['%s'] * (len(columns) - 1))}, now())", *values)
 
     def batches_and_lwt(self, start: int) -> None:
         t = f"{self.keyspace}.rows"

@@ -1,4 +1,5 @@
-"""``cassandra-cdc demo`` on the real thing: three Apache Cassandra 5.0 nodes and an Apache Kafka broker.
+"""``cassandra-cdc demo`` on the real thing: three Apache Cassandra nodes (5.0, or 4.1 or 4.0 with
+``cassandra_version``) and an Apache Kafka broker.
 
 The nodes (127.0.0.1-3, RF=3, ``cdc = true`` tables) and the KRaft broker are started from the JVM
 artifacts ``make install`` fetched (:mod:`cassandra_cdc.localcluster`), each announced as it starts and
@@ -52,8 +53,9 @@ class _WritingOver(Exception):
 class _PacedWorkload(Workload):
     """The shared workload, each statement let through by ``pace`` first."""
 
-    def __init__(self, session: Any, keyspace: str, pace: Callable[[str], None]) -> None:
-        super().__init__(session, keyspace)
+    def __init__(self, session: Any, keyspace: str, cassandra_version: str,
+                 pace: Callable[[str], None]) -> None:
+        super().__init__(session, keyspace, cassandra_version)
         self._pace = pace
 
     def __call__(self, cql: str, *values: Any, timeout: float | None = None) -> Any:
@@ -109,9 +111,11 @@ class RealDemo(DemoBase):
         # Any free port: a fixed one would be taken, or answered, by another broker on a shared machine.
         self.kafka = KafkaBroker(self.workdir / "kafka", progress=self._progress)
         self.kafka.start()
-        self.cluster = CassandraCluster(self.workdir / "cassandra", nodes=NODES, progress=self._progress)
+        self.cluster = CassandraCluster(self.workdir / "cassandra", nodes=NODES, progress=self._progress,
+                                        version=self.options.cassandra_version)
         self.cluster.start()
-        self._progress(f"Kafka and {NODES} Cassandra nodes up in {time.monotonic() - started:.0f} s")
+        self._progress(f"Kafka and {NODES} Cassandra {self.options.cassandra_version} nodes up in "
+                       f"{time.monotonic() - started:.0f} s")
         if self.options.spark_cluster:
             self.spark = SparkStandaloneCluster(
                 self.workdir / "spark", workers=SPARK_WORKERS, worker_cores=1,
@@ -127,7 +131,7 @@ class RealDemo(DemoBase):
         driver = self._driver.enter_context(self.cluster.driver())
         self.session = driver.connect()
         self.session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.ALL
-        for cql in schema_statements(KEYSPACE):
+        for cql in schema_statements(KEYSPACE, self.options.cassandra_version):
             self.session.execute(cql)
         if not driver.control_connection.wait_for_schema_agreement(wait_time=60):
             raise DemoError(f"the nodes did not agree on the schema of {KEYSPACE} within 60 s")
@@ -196,7 +200,7 @@ class RealDemo(DemoBase):
                 view.update()
                 next_view = now + VIEW_SECONDS
 
-        workload = _PacedWorkload(self.session, KEYSPACE, pace)
+        workload = _PacedWorkload(self.session, KEYSPACE, self.options.cassandra_version, pace)
         number = 0
         try:
             while True:

@@ -81,6 +81,7 @@ class DemoOptions:
     faults: int | None = None  # with ``chaos``: stop writing once this many faults have recovered
     recovery_timeout: float = RECOVERY_TIMEOUT  # with ``chaos``: a killed process not ready by then fails
     spark_cluster: bool = False  # the pipeline on a local Spark standalone cluster, not local[2]
+    cassandra_version: str = "5.0"  # of the real cluster's nodes: 5.0, 4.1 or 4.0
 
     @property
     def schema_change_at(self) -> float:
