@@ -184,6 +184,34 @@ def real_cassandra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield running
 
 
+# The 4.x clusters have one node each: what they add to the 5.0 cluster's tests is their versions' files and
+# system tables, which one node writes; the suite's time allows no more.
+@pytest.fixture(scope="session")
+def real_cassandra_4_1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Cassandra 4.1 node with CDC (127.0.0.1, on Java 11) for the whole run."""
+    yield from _cassandra_4(tmp_path_factory, "4.1")
+
+
+@pytest.fixture(scope="session")
+def real_cassandra_4_0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Cassandra 4.0 node with CDC (127.0.0.1, on Java 11) for the whole run."""
+    yield from _cassandra_4(tmp_path_factory, "4.0")
+
+
+def _cassandra_4(tmp_path_factory: pytest.TempPathFactory, version: str) -> Iterator[Any]:
+    from cassandra_cdc.localcluster import CassandraCluster
+    from cassandra_cdc.localcluster.artifacts import CASSANDRA_VERSIONS, java11_executable, jars
+
+    require_jvm_artifacts(java11_executable, lambda: jars(CASSANDRA_VERSIONS[version]))
+    with CassandraCluster(tmp_path_factory.mktemp(f"real-cassandra-{version}"), nodes=1,
+                          version=version) as running:
+        yield running
+
+
+# The fixture of the real 3-node cluster of each Cassandra version.
+REAL_CLUSTERS = {"5.0": "real_cassandra", "4.1": "real_cassandra_4_1", "4.0": "real_cassandra_4_0"}
+
+
 def read_in_steps(path: str | Path, keystore: KeyStore | None, limits: list[int]) -> list[Entry]:
     """Read a segment as the agent reads one being written: up to each limit in turn (the durable offset of
     its ``_cdc.idx``), each read resuming where the one before stopped, then to the end."""

@@ -1,10 +1,12 @@
-"""The whole system on the real thing: three Cassandra 5.0 nodes (RF=3, the ``real_cassandra`` fixture),
-one ``cassandra-cdc agent`` process beside each node on its real ``cdc_raw`` (schema read from the node
-by CQL), the ``cassandra-cdc pipeline`` process (local[2]) on the real Kafka broker (``real_kafka``).
+"""The whole system on the real thing: real Cassandra nodes of each version, three of 5.0 (RF=3), one of 4.1
+and one of 4.0 (on Java 11; the ``real_cassandra`` fixtures), one ``cassandra-cdc agent`` process beside each
+node on its real ``cdc_raw`` (schema read from the node by CQL), the ``cassandra-cdc pipeline`` process (local[2]) on the
+real Kafka broker (``real_kafka``).
 
 A CQL workload at CONSISTENCY ALL (cells, rows, partitions, ranges, TTLs, out-of-order timestamps,
 statics, collections, nested collections, user types, tuples, counters, batches, LWT, a TRUNCATE,
-ALTER TABLE, ALTER TYPE, a table created while running, a table without CDC, many types), written partly while an
+ALTER TABLE, ALTER TYPE, a table created while running, a table without CDC, many types: vectors on 5.0),
+written partly while an
 agent restarts (SIGTERM) and while the pipeline restarts (kill -9). A TRUNCATE before the agents start
 precedes them: it is not published. Then, once the TTLs have passed, each table's events (read_committed),
 replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
@@ -20,6 +22,7 @@ import pytest
 
 from cassandra_cdc.demo.cql_workload import CDC_TABLES as WORKLOAD_CDC_TABLES
 from cassandra_cdc.demo.cql_workload import SHORT_TTL, Workload, late_table_statement, schema_statements
+from conftest import REAL_CLUSTERS
 from real_system import (System, consume_events, read_twice, replayed_tables, session_at_all, table_id,
                          topic_exists, truncations_by_node, wait_for)
 
@@ -29,19 +32,25 @@ CDC_TABLES = [*WORKLOAD_CDC_TABLES, "late"]
 CONVERGE_TIMEOUT = 300.0  # seconds for the events to match the tables once writing has ended
 
 
-@pytest.fixture(scope="module")
-def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Run the system through the workload and restarts; the events per topic and the tables' rows."""
+@pytest.fixture(scope="module", params=list(REAL_CLUSTERS))
+def outcome(request: pytest.FixtureRequest, real_kafka: Any,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Run the system through the workload and restarts on the cluster of a Cassandra version; the events per
+    topic and the tables' rows."""
+    version = request.param
+    real_cassandra = request.getfixturevalue(REAL_CLUSTERS[version])
     started = time.monotonic()
     timings: dict[str, float] = {}
-    system = System(tmp_path_factory.mktemp("real-e2e"), real_cassandra, real_kafka, SERVER)
-    with session_at_all(real_cassandra, schema_statements(KEYSPACE)) as session:
-        write = Workload(session, KEYSPACE)
+    server = f"{SERVER}{version.replace('.', '')}"
+    system = System(tmp_path_factory.mktemp("real-e2e"), real_cassandra, real_kafka, server)
+    replicas = len(real_cassandra.nodes)
+    with session_at_all(real_cassandra, schema_statements(KEYSPACE, version, replicas)) as session:
+        write = Workload(session, KEYSPACE, version)
         try:
             write(f"TRUNCATE {KEYSPACE}.collections", timeout=120)  # before the agents: not theirs to publish
             system.start_agents()
             write.rows_table(0, 6)
-            wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{SERVER}.raw"), "the raw topic", 60,
+            wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{server}.raw"), "the raw topic", 60,
                      system.children)
             system.pipeline.start()
             wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
@@ -82,12 +91,12 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
             timings["written"] = time.monotonic() - started
             time.sleep(SHORT_TTL + 2)  # every TTL has passed
             events, tables, differences = replayed_tables(
-                real_kafka.bootstrap_servers, session, KEYSPACE, SERVER, CDC_TABLES, CONVERGE_TIMEOUT, system.children)
+                real_kafka.bootstrap_servers, session, KEYSPACE, server, CDC_TABLES, CONVERGE_TIMEOUT, system.children)
             timings["converged"] = time.monotonic() - started
-            plain = f"{SERVER}.{KEYSPACE}.plain"
+            plain = f"{server}.{KEYSPACE}.plain"
             plain_exists = topic_exists(real_kafka.bootstrap_servers, plain)
             events["plain"] = consume_events(real_kafka.bootstrap_servers, [plain])[plain]
-            truncations = truncations_by_node(real_kafka.bootstrap_servers, f"{SERVER}.raw",
+            truncations = truncations_by_node(real_kafka.bootstrap_servers, f"{server}.raw",
                                               table_id(session, KEYSPACE, "collections"))
         finally:
             system.stop()
