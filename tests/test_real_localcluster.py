@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, KafkaBroker,
                                         MissingArtifacts, PostgresServer, artifacts)
+from cassandra_cdc.localcluster.cassandra import cassandra_4_0_settings
 from cassandra_cdc.localcluster.process import JvmProcess
 from cassandra_cdc.simulator.broker import free_port
 from conftest import require_jvm_artifacts
@@ -51,6 +52,28 @@ def test_missing_postgresql_or_debezium_says_to_run_make_install(tmp_path, monke
         artifacts.postgres_home()
     with pytest.raises(MissingArtifacts, match="debezium-jdbc: no debezium-connector-jdbc-.*`make install"):
         artifacts.connect_plugin_path()
+
+
+def test_a_cassandra_4_classpath_missing_says_to_run_make_install(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("CASSANDRA_CDC_JVM_LIB", str(tmp_path))
+    with pytest.raises(MissingArtifacts, match=f"{tmp_path}/cassandra-4.0: no cassandra-all-.*make install"):
+        artifacts.jars(artifacts.CASSANDRA_VERSIONS["4.0"])
+
+
+def test_a_cluster_of_a_version_it_cannot_run_is_refused(tmp_path) -> None:
+    with pytest.raises(ValueError, match="Cassandra version '3.11': one of 5.0, 4.1, 4.0"):
+        CassandraCluster(tmp_path, nodes=1, version="3.11")
+
+
+def test_cassandra_4_0_names_settings_with_units_in_its_own_way() -> None:
+    """4.0 takes a size or a duration under the old name that holds its unit (4.1 takes both forms)."""
+    settings = {"cdc_total_space": "256MiB", "commitlog_segment_size": "2MiB",
+                "commitlog_sync_period": "1000ms", "read_request_timeout": "10s",
+                "commitlog_sync": "periodic", "num_tokens": 1, "cluster_name": "10s"}
+    assert cassandra_4_0_settings(settings) == {
+        "cdc_total_space_in_mb": 256, "commitlog_segment_size_in_mb": 2, "commitlog_sync_period_in_ms": 1000,
+        "read_request_timeout_in_ms": 10000, "commitlog_sync": "periodic", "num_tokens": 1,
+        "cluster_name": "10s"}
 
 
 def test_missing_java_is_named(tmp_path, monkeypatch) -> None:

