@@ -31,8 +31,8 @@ def has_vectors(cassandra_version: str) -> bool:
 
 
 def schema_statements(keyspace: str, cassandra_version: str = "5.0", replicas: int = 3) -> list[str]:
-    """The keyspace (``replicas`` in ``datacenter1``), its user type and tables (``types`` with a vector column
-    on a version that has them); ``plain`` has no CDC."""
+    """The keyspace (``replicas`` in ``datacenter1``), its user type and tables (``types`` with a vector
+    column on a version that has them); ``plain`` has no CDC."""
     embedding = "embedding vector<float, 3>, " if has_vectors(cassandra_version) else ""
     return [
         f"CREATE KEYSPACE {keyspace} WITH replication = "
@@ -170,19 +170,19 @@ class Workload:
         self(f"DELETE FROM {self.keyspace}.counters WHERE id = %s", start)
 
     def types(self, start: int, count: int) -> None:
-        embedding = ["embedding"] if self.vectors else []
-        columns = ["id", "amount", "total", "span", "address", "at", "day", "stamp", *embedding, "payload",
-                   "small", "tiny", "big", "ratio", "flag", "uid", "tid"]
         for i in range(start, start + count):
-            values = [i, decimal.Decimal(f"{i}.0100"), -(10 ** 30) * (i + 1),
-                      util.Duration(i, 2, 3_000_000_000 + i),
-                      f"10.1.{i}.7" if i % 2 else f"2001:db8::{i:x}", util.Time(3_600_000_000_123 + i),
-                      util.Date(19_000 + i),
-                      datetime.datetime(2024, 1, 2, 3, 4, 5, 678000) + datetime.timedelta(days=i),
-                      *([[i * 0.5, -1.25, 7.62]] if self.vectors else []), bytes([i, 0, 255]), -i, i % 100,
-                      1 << 40, 7.62, i % 2 == 0, uuid.UUID(int=i + 1)]
-            self(f"INSERT INTO {self.keyspace}.types ({', '.join(columns)}) "
-                 f"VALUES ({', '.join(['%s'] * (len(columns) - 1))}, now())", *values)
+            row = {"id": i, "amount": decimal.Decimal(f"{i}.0100"), "total": -(10 ** 30) * (i + 1),
+                   "span": util.Duration(i, 2, 3_000_000_000 + i),
+                   "address": f"10.1.{i}.7" if i % 2 else f"2001:db8::{i:x}",
+                   "at": util.Time(3_600_000_000_123 + i), "day": util.Date(19_000 + i),
+                   "stamp": datetime.datetime(2024, 1, 2, 3, 4, 5, 678000) + datetime.timedelta(days=i),
+                   "embedding": [i * 0.5, -1.25, 7.62], "payload": bytes([i, 0, 255]), "small": -i,
+                   "tiny": i % 100, "big": 1 << 40, "ratio": 7.62, "flag": i % 2 == 0,
+                   "uid": uuid.UUID(int=i + 1)}
+            if not self.vectors:
+                del row["embedding"]
+            self(f"INSERT INTO {self.keyspace}.types ({', '.join(row)}, tid) "
+                 f"VALUES ({', '.join(['%s'] * len(row))}, now())", *row.values())
 
     def batches_and_lwt(self, start: int) -> None:
         t = f"{self.keyspace}.rows"
