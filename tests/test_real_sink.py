@@ -40,6 +40,7 @@ from conftest import require_jvm_artifacts
 from real_system import (System, messages, session_at_all, table_id, topic_exists, truncations_by_node,
                          wait_for)
 from sink_recipe import SinkRecipe, sink_recipe
+from cassandra_cdc.schema.types import quote
 from cassandra_cdc.pipeline.pipeline_config import SchemaRegistrySettings, load_config as load_pipeline_config
 from cassandra_cdc.pipeline.streaming_job import start
 
@@ -160,7 +161,7 @@ def write_first(session: Any, expiry: int, orders_written_at: int) -> None:
     (seconds); rows of "accounts"."""
     order = f'"{KEYSPACE}"."Order"'
     columns = list(order_row(0))
-    insert = session.prepare(f"INSERT INTO {order} ({', '.join(map(quoted, columns))}) "
+    insert = session.prepare(f"INSERT INTO {order} ({', '.join(map(quote, columns))}) "
                              f"VALUES ({', '.join('?' * len(columns))})")
     for index in range(24):
         session.execute(insert, order_row(index))
@@ -226,10 +227,6 @@ def write_first(session: Any, expiry: int, orders_written_at: int) -> None:
     session.execute(f"UPDATE {accounts} SET bio = %s WHERE id = 2", ("é ü ß € 漢字 🎉",))
 
 
-def quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
 # What ExtractNewRecordState adds to each row of "orders" after ``write_first``: its last change's ``__op``
 # and write time (an offset, in milliseconds, from ``orders_written_at``); a change of the static column is
 # a change of every row of its partition.
@@ -267,10 +264,10 @@ def selected_rows(session: Any, table: str, avro: bool) -> Rows:
     skips them: their clustering columns are null) and the columns that column rules leave out."""
     key, json_columns = TABLES[table]
     metadata = session.cluster.metadata.keyspaces[KEYSPACE].tables[table]
-    name = f'"{KEYSPACE}".{quoted(table)}'
+    name = f'"{KEYSPACE}".{quote(table)}'
     rows = session.execute(f"SELECT * FROM {name}").all()
     if json_columns:
-        texts = session.execute(f"SELECT {', '.join(f'toJson({quoted(c)})' for c in json_columns)} "
+        texts = session.execute(f"SELECT {', '.join(f'toJson({quote(c)})' for c in json_columns)} "
                                 f"FROM {name}").all()
         for row, json_texts in zip(rows, texts, strict=True):
             row.update({column: json.loads(text) for column, text in zip(json_columns, json_texts.values())})
