@@ -1,15 +1,14 @@
 """The whole system on the real thing: real Cassandra nodes of each version, three of 5.0 (RF=3), one of 4.1
 and one of 4.0 (on Java 11; the ``real_cassandra`` fixtures), one ``cassandra-cdc agent`` process beside each
-node on its real ``cdc_raw`` (schema read from the node by CQL), the ``cassandra-cdc pipeline`` process (local[2]) on the
-real Kafka broker (``real_kafka``).
+node on its real ``cdc_raw`` (schema read from the node by CQL), the ``cassandra-cdc pipeline`` process
+(local[2]) on the real Kafka broker (``real_kafka``).
 
 A CQL workload at CONSISTENCY ALL (cells, rows, partitions, ranges, TTLs, out-of-order timestamps,
 statics, collections, nested collections, user types, tuples, counters, batches, LWT, a TRUNCATE,
 ALTER TABLE, ALTER TYPE, a table created while running, a table without CDC, many types: vectors on 5.0),
-written partly while an
-agent restarts (SIGTERM) and while the pipeline restarts (kill -9). A TRUNCATE before the agents start
-precedes them: it is not published. Then, once the TTLs have passed, each table's events (read_committed),
-replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
+written partly while an agent restarts (SIGTERM) and while the pipeline restarts (kill -9). A TRUNCATE
+before the agents start precedes them: it is not published. Then, once the TTLs have passed, each table's
+events (read_committed), replayed, must equal ``SELECT *`` at CONSISTENCY ALL, with no event twice.
 """
 
 from __future__ import annotations
