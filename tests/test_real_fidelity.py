@@ -1,6 +1,7 @@
-"""Real Cassandra 5.0 files read as Cassandra reads them (the files: ``tests/data/cassandra-5.0``).
+"""Real Cassandra files read as Cassandra reads them (the files: ``tests/data/cassandra-5.0``, and files a
+live node of each version writes in the test).
 
-Two oracles, both Cassandra itself (see ``cassandra50.py`` for how the files were made):
+Two oracles, both Cassandra itself (see ``fidelity_files.py`` for how the files are made):
 
 * SSTables (``big`` and ``bti``, uncompressed and every compressor): Cassandra's ``sstabledump`` of each
   against ``cassandra-cdc dump`` of the same file, both normalised into one structure (partitions, rows,
@@ -9,7 +10,8 @@ Two oracles, both Cassandra itself (see ``cassandra50.py`` for how the files wer
   ``SELECT JSON *`` against the same segments decoded by our reader, merged by the pipeline's merge
   rules and rendered by our ``SELECT JSON`` rendering, row by row and value by value.
 
-The same comparisons run on files freshly written by a live node (``test_a_live_node_writes_...``).
+The same comparisons run on files freshly written by a live node of Cassandra 5.0, 4.1 and 4.0, each
+compared with its own version's ``sstabledump`` and replay (``test_a_live_node_writes_...``).
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from cassandra_cdc.merge.partition_state import PartitionState
 from cassandra_cdc.schema import Schema, TableMetadata, load_schema_files
 from cassandra_cdc.schema.types import json_text
 
-from cassandra50 import COMPRESSIONS, EMPTY_VALUES, FIXTURES, KEYSTORE_PASSWORD, PHASES, generate
-from conftest import require_jvm_artifacts
+from conftest import REAL_CLUSTERS, require_jvm_artifacts
+from fidelity_files import (COMPRESSIONS, EMPTY_VALUES, FIXTURES, KEYSTORE_PASSWORD, generate,
+                            phase_directories)
 
 # Cassandra's sstabledump prints a counter cell's value as the first 8 bytes of its counter context (a
 # header, not the count): only the replayed SELECT can tell counter values.
@@ -43,7 +46,7 @@ COUNTER_VALUE_UNKNOWN = "counter value (sstabledump cannot show it)"
 
 
 def phase_schema(root: Path) -> Schema:
-    return load_schema_files([root / phase / "schema.cql" for phase in PHASES])
+    return load_schema_files([directory / "schema.cql" for directory in phase_directories(root)])
 
 
 # --- commit logs: Cassandra's replay and SELECT JSON against our reader, merge and rendering --------------
@@ -54,8 +57,8 @@ def our_select(root: Path, now_seconds: int) -> dict[str, list[dict[str, Any]]]:
     keys = KeyStore.load(root / "fidelity.jceks", KEYSTORE_PASSWORD)
     states: dict[str, dict[bytes, PartitionState]] = defaultdict(dict)
     tables: dict[str, TableMetadata] = {}
-    for phase in PHASES:
-        for segment in sorted((root / phase / "commitlog").glob("CommitLog-*.log")):
+    for directory in phase_directories(root):
+        for segment in sorted((directory / "commitlog").glob("CommitLog-*.log")):
             stats = ReplayStats()
             with SegmentReader(segment, keys) as reader:
                 for _, mutation in replay(reader, schema, stats):
@@ -300,7 +303,7 @@ def _item_differences(mine: tuple, cassandra: tuple) -> list[str]:
 # --- the tests --------------------------------------------------------------------------------------------
 
 def _data_files(root: Path) -> list[Path]:
-    return [data_file for phase in PHASES for data_file in _data_files_of(root / phase)]
+    return [data_file for directory in phase_directories(root) for data_file in _data_files_of(directory)]
 
 
 def _data_files_of(phase_directory: Path) -> list[Path]:
@@ -321,19 +324,27 @@ def pipeline_empty_value_differences(root: Path) -> list[str]:
             for column in sorted(empty)]
 
 
+SEGMENT_KINDS = ("plain", "LZ4Compressor", "encrypted")
+
+
+def segment_kinds(root: Path) -> set[tuple[int, str]]:
+    """(commit log version, plain, compressor or encrypted) of each segment under ``root``."""
+    keys = KeyStore.load(root / "fidelity.jceks", KEYSTORE_PASSWORD)
+    kinds = set()
+    for segment in root.glob("*/commitlog/CommitLog-*.log"):
+        with SegmentReader(segment, keys) as reader:
+            descriptor = reader.descriptor
+            kinds.add((reader.version, "encrypted" if descriptor.encrypted
+                       else descriptor.compression_class or "plain"))
+    return kinds
+
+
 def test_the_fixtures_hold_both_formats_every_compressor_and_every_kind_of_segment():
     """What the comparisons below cover, so that they cannot pass on fewer files."""
     assert {_sstable_id(f) for f in _data_files(FIXTURES)} == {
         f"{sstable_format}-{table}" for sstable_format in ("big", "bti")
         for table in ["counters", *(f"everything_{name}" for name in COMPRESSIONS)]}
-    kinds = set()
-    keys = KeyStore.load(FIXTURES / "fidelity.jceks", KEYSTORE_PASSWORD)
-    for segment in FIXTURES.glob("*/commitlog/CommitLog-*.log"):
-        with SegmentReader(segment, keys) as reader:
-            assert reader.version == 8
-            descriptor = reader.descriptor
-            kinds.add("encrypted" if descriptor.encrypted else descriptor.compression_class or "")
-    assert kinds == {"", "LZ4Compressor", "encrypted"}
+    assert segment_kinds(FIXTURES) == {(8, kind) for kind in SEGMENT_KINDS}
     # A row larger than a 64 KiB read, uncompressed, in either format; index blocks (BTI keeps them in
     # Rows.db, for partitions of more than one block only).
     assert all(f.stat().st_size > 65536 for f in _data_files(FIXTURES) if "everything_none" in f.parent.name)
@@ -349,17 +360,26 @@ def test_segments_merged_by_us_select_as_the_node_that_replayed_them():
     assert compare_select(FIXTURES) == pipeline_empty_value_differences(FIXTURES)
 
 
-@pytest.fixture(scope="module")
-def regenerated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The fixtures made again by a live node, as ``python tests/cassandra50.py`` makes them."""
-    require_jvm_artifacts()
-    root = tmp_path_factory.mktemp("cassandra-5.0") / "files"
-    generate(root, tmp_path_factory.mktemp("node"), progress=lambda line: None)
-    return root
+@pytest.fixture(scope="module", params=list(REAL_CLUSTERS))
+def regenerated(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Path]:
+    """The fixtures' files made again by a live node of each version, as ``python tests/fidelity_files.py``
+    makes 5.0's."""
+    from cassandra_cdc.localcluster.artifacts import check_cassandra
+
+    version = request.param
+    require_jvm_artifacts(lambda: check_cassandra(version))
+    root = tmp_path_factory.mktemp(f"cassandra-{version}") / "files"
+    generate(root, tmp_path_factory.mktemp("node"), version, progress=lambda line: None)
+    return version, root
 
 
 def test_a_live_node_writes_files_that_we_read_as_cassandra_reads_them(regenerated):
-    data_files = _data_files(regenerated)
-    assert {_sstable_id(f) for f in data_files} == {_sstable_id(f) for f in _data_files(FIXTURES)}
+    version, root = regenerated
+    data_files = _data_files(root)
+    # 4.x writes SSTables in the ``big`` format only, and commit log version 7.
+    expected = {_sstable_id(f) for f in _data_files(FIXTURES)
+                if version == "5.0" or _sstable_id(f).startswith("big-")}
+    assert {_sstable_id(f) for f in data_files} == expected
+    assert segment_kinds(root) == {(8 if version == "5.0" else 7, kind) for kind in SEGMENT_KINDS}
     assert {f: compare_sstable(f) for f in data_files} == dict.fromkeys(data_files, [])
-    assert compare_select(regenerated) == pipeline_empty_value_differences(regenerated)
+    assert compare_select(root) == pipeline_empty_value_differences(root)

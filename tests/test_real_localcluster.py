@@ -69,11 +69,12 @@ def test_cassandra_4_0_names_settings_with_units_in_its_own_way() -> None:
     """4.0 takes a size or a duration under the old name that holds its unit (4.1 takes both forms)."""
     settings = {"cdc_total_space": "256MiB", "commitlog_segment_size": "2MiB",
                 "commitlog_sync_period": "1000ms", "read_request_timeout": "10s",
-                "commitlog_sync": "periodic", "num_tokens": 1, "cluster_name": "10s"}
+                "column_index_size": "1KiB", "commitlog_sync": "periodic", "num_tokens": 1,
+                "cluster_name": "10s"}
     assert cassandra_4_0_settings(settings) == {
         "cdc_total_space_in_mb": 256, "commitlog_segment_size_in_mb": 2, "commitlog_sync_period_in_ms": 1000,
-        "read_request_timeout_in_ms": 10000, "commitlog_sync": "periodic", "num_tokens": 1,
-        "cluster_name": "10s"}
+        "read_request_timeout_in_ms": 10000, "column_index_size_in_kb": 1, "commitlog_sync": "periodic",
+        "num_tokens": 1, "cluster_name": "10s"}
 
 
 def test_missing_java_is_named(tmp_path, monkeypatch) -> None:

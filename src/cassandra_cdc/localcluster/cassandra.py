@@ -120,21 +120,22 @@ def sstable_format(name: str) -> dict[str, Any]:
 # The settings with a unit that 4.0 names after the unit it takes them in (4.1 and 5.0 take both forms).
 _CASSANDRA_4_0_UNIT_SETTINGS = frozenset({
     "cdc_total_space", "commitlog_segment_size", "commitlog_total_space", "commitlog_sync_period",
+    "column_index_size",
     "request_timeout", "read_request_timeout", "write_request_timeout", "range_request_timeout",
     "counter_write_request_timeout", "cas_contention_timeout", "truncate_request_timeout"})
 
 
 def cassandra_4_0_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
-    """Settings in 4.1's and 5.0's names as Cassandra 4.0 names them: a size in MiB or a duration in ms or
-    s (``256MiB``, ``1000ms``, ``10s``) under the old name that holds its unit (``cdc_total_space_in_mb:
-    256``)."""
+    """Settings in 4.1's and 5.0's names as Cassandra 4.0 names them: a size in KiB or MiB or a duration in
+    ms or s (``1KiB``, ``256MiB``, ``1000ms``, ``10s``) under the old name that holds its unit
+    (``cdc_total_space_in_mb: 256``)."""
     converted = {}
     for name, value in settings.items():
-        match = re.fullmatch(r"(\d+)(MiB|ms|s)", value) if isinstance(value, str) else None
+        match = re.fullmatch(r"(\d+)(KiB|MiB|ms|s)", value) if isinstance(value, str) else None
         if name not in _CASSANDRA_4_0_UNIT_SETTINGS or match is None:
             converted[name] = value
-        elif match.group(2) == "MiB":
-            converted[f"{name}_in_mb"] = int(match.group(1))
+        elif match.group(2) in ("KiB", "MiB"):
+            converted[f"{name}_in_{match.group(2)[0].lower()}b"] = int(match.group(1))
         else:
             converted[f"{name}_in_ms"] = int(match.group(1)) * (1000 if match.group(2) == "s" else 1)
     return converted

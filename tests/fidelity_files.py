@@ -1,19 +1,22 @@
-"""Real Cassandra 5.0 files for the fidelity tests: how ``tests/data/cassandra-5.0`` is made.
+"""Files written by a real Cassandra node for the fidelity tests: how ``tests/data/cassandra-5.0`` is made,
+and how the tests make them again on a live node of each version (5.0, 4.1, 4.0).
 
 One real node (``localcluster``) runs three times, each time with other ``cassandra.yaml`` settings
-(:data:`PHASES`): SSTable format ``big`` with a plain commit log, ``bti`` with an LZ4-compressed one,
-then an encrypted commit log. Each run writes :func:`workload` into a keyspace of its own, keeps a copy of
-the commit log segments once the periodic sync has written them, flushes, keeps the SSTables, and has
-Cassandra's own ``sstabledump`` (``SSTableExport``) print each of them. Then the node is stopped, the
-SSTables of those keyspaces are removed, every kept segment is put back into its commit log directory,
-and the node started again replays them: ``SELECT JSON *`` of each table is what Cassandra reads back.
+(:func:`phases`): on 5.0, SSTable format ``big`` with a plain commit log, ``bti`` with an LZ4-compressed one,
+then an encrypted commit log; on 4.x (``big`` SSTables only) a plain, an LZ4-compressed and an encrypted
+commit log. Each run writes :func:`workload` into a keyspace of its own, keeps a copy of the commit log
+segments once the periodic sync has written them, flushes, keeps the SSTables, and has Cassandra's own
+``sstabledump`` (``SSTableExport`` of the node's version) print each of them. Then the node is stopped, the
+SSTables of those keyspaces are removed, every kept segment is put back into its commit log directory, and
+the node started again replays them: ``SELECT JSON *`` of each table is what Cassandra reads back.
 
-``python tests/cassandra50.py`` regenerates the directory (needs ``make install``'s JVM artifacts).
+``python tests/fidelity_files.py`` regenerates the 5.0 directory (needs ``make install``'s JVM artifacts).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import gzip
 import random
 import shutil
@@ -31,8 +34,9 @@ from cassandra_cdc.localcluster.cassandra import JAVA17_ACCESS, SMALL_JVM
 FIXTURES = Path(__file__).resolve().parent / "data" / "cassandra-5.0"
 KEYSTORE_PASSWORD = "cassandra"
 KEY_ALIAS = "fidelity:1"
-# The largest TTL CQL accepts (20 years): nothing written expires while the fixtures are in use.
-LONG_TTL = 630_720_000
+# The largest TTL CQL accepts (20 years): nothing written expires while the fixtures are in use. 4.x keeps
+# expiry times as 32-bit seconds and refuses one past 2038: there, 10 years.
+LONG_TTL = {"5.0": 630_720_000, "4.1": 315_360_000, "4.0": 315_360_000}
 BASE_TIMESTAMP = 1_750_000_000_000_000
 
 # Table compression of each copy of the ``everything`` table.
@@ -60,25 +64,55 @@ COMMON_SETTINGS = {"column_index_size": "1KiB", "cdc_enabled": False, "read_requ
                    "request_timeout": "60000ms"}
 CLIENT_TIMEOUT = 120.0
 
-# name -> (keyspace, SSTable format or None when its SSTables are not kept, compressions of the
-# ``everything`` tables, settings for the commit log).
-PHASES: dict[str, tuple[str, str | None, tuple[str, ...], Callable[[Path], dict[str, Any]]]] = {
-    "big": ("fid_big", "big", tuple(COMPRESSIONS), lambda _: {}),
-    "bti": ("fid_bti", "bti", tuple(COMPRESSIONS),
-            lambda _: {"commitlog_compression": [{"class_name": "LZ4Compressor"}]}),
-    "encrypted": ("fid_enc", None, ("lz4",), encryption_settings),
-}
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One run of the node: its keyspace, the SSTable format it writes and keeps (``None``: its SSTables are
+    not kept), the compressions of its ``everything`` tables, its commit log's settings."""
+
+    keyspace: str
+    sstables: str | None
+    compressions: tuple[str, ...]
+    commitlog_settings: Callable[[Path], dict[str, Any]]
 
 
-def schema_statements(keyspace: str, compressions: tuple[str, ...]) -> list[str]:
+def _plain_commitlog(_: Path) -> dict[str, Any]:
+    return {}
+
+
+def _lz4_commitlog(_: Path) -> dict[str, Any]:
+    return {"commitlog_compression": [{"class_name": "LZ4Compressor"}]}
+
+
+def phases(version: str) -> dict[str, Phase]:
+    """The runs of a node of ``version``, by the name of the directory each one's files go to."""
+    if version == "5.0":
+        return {"big": Phase("fid_big", "big", tuple(COMPRESSIONS), _plain_commitlog),
+                "bti": Phase("fid_bti", "bti", tuple(COMPRESSIONS), _lz4_commitlog),
+                "encrypted": Phase("fid_enc", None, ("lz4",), encryption_settings)}
+    return {"big": Phase("fid_big", "big", tuple(COMPRESSIONS), _plain_commitlog),
+            "compressed": Phase("fid_lz4", None, ("lz4",), _lz4_commitlog),
+            "encrypted": Phase("fid_enc", None, ("lz4",), encryption_settings)}
+
+
+def phase_directories(root: Path) -> list[Path]:
+    """The directories of the runs whose files are under ``root``."""
+    return sorted(directory for directory in root.iterdir() if (directory / "schema.cql").is_file())
+
+
+def has_vectors(version: str) -> bool:
+    return version == "5.0"
+
+
+def schema_statements(keyspace: str, compressions: tuple[str, ...], version: str) -> list[str]:
+    vectors = "v_vector vector<float, 3>, v_vector_text vector<text, 2>," if has_vectors(version) else ""
     tables = [f"""CREATE TABLE {keyspace}.everything_{name} (
     pk int, ck text,
     s_text text static, s_set set<int> static,
     v_ascii ascii, v_bigint bigint, v_blob blob, v_boolean boolean, v_date date, v_decimal decimal,
     v_double double, v_duration duration, v_float float, v_inet inet, v_int int, v_smallint smallint,
     v_text text, v_time time, v_timestamp timestamp, v_timeuuid timeuuid, v_tinyint tinyint, v_uuid uuid,
-    v_varchar varchar, v_varint varint,
-    v_vector vector<float, 3>, v_vector_text vector<text, 2>,
+    v_varchar varchar, v_varint varint, {vectors}
     v_list list<text>, v_set set<int>, v_map map<text, int>,
     v_frozen_list frozen<list<int>>, v_nested map<text, frozen<list<int>>>,
     v_deep frozen<map<int, frozen<set<text>>>>, v_list_of_points list<frozen<point>>,
@@ -137,14 +171,14 @@ EMPTY_VALUES = {
 }
 
 
-def workload(keyspace: str, compressions: tuple[str, ...]) -> list[str]:
+def workload(keyspace: str, compressions: tuple[str, ...], version: str) -> list[str]:
     """Every kind of write and deletion, into each ``everything`` table and the counter table."""
     statements: list[str] = []
     for name in compressions:
         table = f"{keyspace}.everything_{name}"
         # Uncompressed, a row larger than a 64 KiB read; compressed, one spanning a few 4 KiB chunks.
         statements += [s.replace("{t}", table)
-                       for s in _table_workload(big_blob_bytes=66_000 if name == "none" else 5_000)]
+                       for s in _table_workload(66_000 if name == "none" else 5_000, version)]
     counters = f"{keyspace}.counters"
     for pk in range(3):
         for ck in range(3):
@@ -157,13 +191,15 @@ def workload(keyspace: str, compressions: tuple[str, ...]) -> list[str]:
     return _with_timestamps(statements)
 
 
-def _columns(values: dict[str, str]) -> tuple[str, str]:
-    return ", ".join(values), ", ".join(values.values())
+def _columns(values: dict[str, str], with_vectors: bool = True) -> tuple[str, str]:
+    kept = {name: value for name, value in values.items() if with_vectors or not name.startswith("v_vector")}
+    return ", ".join(kept), ", ".join(kept.values())
 
 
-def _table_workload(big_blob_bytes: int) -> list[str]:
-    names, values = _columns(ALL_VALUES)
-    extreme_names, extreme_values = _columns(EXTREME_VALUES)
+def _table_workload(big_blob_bytes: int, version: str) -> list[str]:
+    names, values = _columns(ALL_VALUES, has_vectors(version))
+    extreme_names, extreme_values = _columns(EXTREME_VALUES, has_vectors(version))
+    long_ttl = LONG_TTL[version]
     empty_names, empty_values = _columns(EMPTY_VALUES)
     random_bytes = random.Random(big_blob_bytes).randbytes(big_blob_bytes).hex()
     statements = [
@@ -171,8 +207,8 @@ def _table_workload(big_blob_bytes: int) -> list[str]:
         f"INSERT INTO {{t}} (pk, ck, {extreme_names}) VALUES (1, 'b', {extreme_values})",
         f"INSERT INTO {{t}} (pk, ck, {empty_names}) VALUES (2, 'empty', {empty_values})",
         f"INSERT INTO {{t}} (pk, ck, v_int, v_text, v_map) VALUES (2, 'ttl', 7, 'expiring', {{'t': 1}}) "
-        f"USING TTL {LONG_TTL}",
-        f"UPDATE {{t}} USING TTL {LONG_TTL - 1000} SET v_bigint = 5, v_list = v_list + ['ttl'] "
+        f"USING TTL {long_ttl}",
+        f"UPDATE {{t}} USING TTL {long_ttl - 1000} SET v_bigint = 5, v_list = v_list + ['ttl'] "
         "WHERE pk = 1 AND ck = 'a'",
         # Cell deletions: by DELETE and by writing null.
         "DELETE v_int, v_udt, v_frozen_udt FROM {t} WHERE pk = 1 AND ck = 'a'",
@@ -253,13 +289,15 @@ def _with_timestamps(statements: list[str]) -> list[str]:
     return out
 
 
-def sstabledump(conf: Path, data_file: Path) -> None:
-    """Cassandra's own ``sstabledump -t`` of one SSTable (timestamps as microseconds), with the
-    ``cassandra.yaml`` and ``logback-tools.xml`` of ``conf``, next to it as ``*-sstabledump.json``."""
+def sstabledump(conf: Path, data_file: Path, version: str) -> None:
+    """Cassandra's own ``sstabledump -t`` of one SSTable (timestamps as microseconds), of Cassandra
+    ``version`` (on the project's Java, as nodetool), with the ``cassandra.yaml`` and ``logback-tools.xml``
+    of ``conf``, next to it as ``*-sstabledump.json``."""
     command = [artifacts.java_executable(), "-Xmx256m", *SMALL_JVM, *JAVA17_ACCESS,
                f"-Dcassandra.config=file://{conf / 'cassandra.yaml'}",
                f"-Dlogback.configurationFile={conf / 'logback-tools.xml'}",
-               f"-Dcassandra.storagedir={conf}", "-cp", artifacts.classpath(artifacts.CASSANDRA),
+               f"-Dcassandra.storagedir={conf}", "-cp",
+               artifacts.classpath(artifacts.CASSANDRA_VERSIONS[version]),
                "org.apache.cassandra.tools.SSTableExport", "-t", str(data_file)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     if result.returncode != 0:
@@ -305,10 +343,10 @@ def _execute(session: Any, statement: str, attempts: int = 3) -> None:
                 raise
 
 
-def _run_phase(node: Any, driver_of: Callable[[], Any], keyspace: str, compressions: tuple[str, ...],
-               out: Path) -> None:
-    schema = schema_statements(keyspace, compressions)
-    writes = workload(keyspace, compressions)
+def _run_phase(node: Any, driver_of: Callable[[], Any], phase: Phase, version: str, out: Path) -> None:
+    keyspace = phase.keyspace
+    schema = schema_statements(keyspace, phase.compressions, version)
+    writes = workload(keyspace, phase.compressions, version)
     with driver_of() as driver:
         driver.profile_manager.default.request_timeout = CLIENT_TIMEOUT
         session = driver.connect()
@@ -336,9 +374,9 @@ def _keep_sstables(node: Any, keyspace: str, out: Path) -> list[Path]:
     return data_files
 
 
-def generate(out: Path, work: Path, progress: Callable[[str], None] = print) -> None:
-    """Run every phase and the replay; the files go to ``out``, which holds none of them yet (a README may
-    be there already). ``work`` is the node's directory."""
+def generate(out: Path, work: Path, version: str = "5.0", progress: Callable[[str], None] = print) -> None:
+    """Run every phase on a node of Cassandra ``version``, and the replay; the files go to ``out``, which
+    holds none of them yet (a README may be there already). ``work`` is the node's directory."""
     out.mkdir(parents=True, exist_ok=True)
     keystore = out / "fidelity.jceks"
     generate_keystore(keystore)
@@ -348,39 +386,41 @@ def generate(out: Path, work: Path, progress: Callable[[str], None] = print) -> 
     dump_conf = work / "sstabledump-conf"
     dumps = []
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        for phase, (keyspace, phase_format, compressions, commitlog_settings) in PHASES.items():
-            settings = {**COMMON_SETTINGS, **commitlog_settings(keystore),
-                        **sstable_format(phase_format or "bti")}
-            phase_out = out / phase
+        for name, phase in phases(version).items():
+            settings = {**COMMON_SETTINGS, **phase.commitlog_settings(keystore),
+                        **(sstable_format(phase.sstables or "bti") if version == "5.0" else {})}
+            phase_out = out / name
             phase_out.mkdir()
-            with CassandraCluster(work, nodes=1, config=settings, progress=progress) as cluster:
+            with CassandraCluster(work, nodes=1, config=settings, progress=progress,
+                                  version=version) as cluster:
                 node = cluster.nodes[0]
-                _run_phase(node, cluster.driver, keyspace, compressions, phase_out)
-                node.nodetool("flush", keyspace)
-                if phase_format:
+                _run_phase(node, cluster.driver, phase, version, phase_out)
+                node.nodetool("flush", phase.keyspace)
+                if phase.sstables:
                     if not dump_conf.exists():
                         shutil.copytree(node.directory / "conf", dump_conf)
-                    dumps += [pool.submit(sstabledump, dump_conf, data)
-                              for data in _keep_sstables(node, keyspace, phase_out)]
-            progress(f"phase {phase} written")
-        _replay(work, settings, out, progress)
+                    dumps += [pool.submit(sstabledump, dump_conf, data, version)
+                              for data in _keep_sstables(node, phase.keyspace, phase_out)]
+            progress(f"phase {name} written")
+        _replay(work, settings, version, out, progress)
         for dump in dumps:
             dump.result()
     progress("sstabledump done")
 
 
-def _replay(work: Path, settings: dict[str, Any], out: Path, progress: Callable[[str], None]) -> None:
+def _replay(work: Path, settings: dict[str, Any], version: str, out: Path,
+            progress: Callable[[str], None]) -> None:
     """The node, its tables of the workload emptied, replays every kept segment at start-up."""
-    cluster = CassandraCluster(work, nodes=1, config=settings, progress=progress)
+    cluster = CassandraCluster(work, nodes=1, config=settings, progress=progress, version=version)
     node = cluster.nodes[0]
-    keyspaces = [keyspace for keyspace, *_ in PHASES.values()]
+    keyspaces = [phase.keyspace for phase in phases(version).values()]
     for keyspace in keyspaces:
         for table_dir in (node.directory / "data" / keyspace).iterdir():
             for component in table_dir.iterdir():
                 if component.is_file():
                     component.unlink()
-    for phase in PHASES:
-        for segment in _segments(out / phase / "commitlog"):
+    for phase_directory in phase_directories(out):
+        for segment in _segments(phase_directory / "commitlog"):
             shutil.copy2(segment, node.commitlog_dir / segment.name)
     selected: dict[str, list[Any]] = {}
     with cluster:
@@ -401,7 +441,7 @@ def _replay(work: Path, settings: dict[str, Any], out: Path, progress: Callable[
 
 
 def main(arguments: list[str]) -> None:
-    """``python tests/cassandra50.py [TARGET]``: the files made anew in TARGET (default: the fixtures),
+    """``python tests/fidelity_files.py [TARGET]``: the 5.0 files made anew in TARGET (default: the fixtures),
     whose old files go first (but for its README)."""
     target = Path(arguments[0]) if arguments else FIXTURES
     for old in target.glob("*"):
