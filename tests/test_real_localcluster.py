@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 from confluent_kafka.admin import AdminClient
 
 from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, KafkaBroker,
@@ -63,6 +64,22 @@ def test_a_cassandra_4_classpath_missing_says_to_run_make_install(tmp_path, monk
 def test_a_cluster_of_a_version_it_cannot_run_is_refused(tmp_path) -> None:
     with pytest.raises(ValueError, match="Cassandra version '3.11': one of 5.0, 4.1, 4.0"):
         CassandraCluster(tmp_path, nodes=1, version="3.11")
+
+
+def test_a_node_upgraded_keeps_its_directories_ports_and_settings(tmp_path) -> None:
+    require_jvm_artifacts(lambda: artifacts.check_cassandra("4.1"))
+    cluster = CassandraCluster(tmp_path, nodes=2, version="4.1")
+    old = cluster.nodes[1]
+    with pytest.raises(ValueError, match="Cassandra version '6.0'"):
+        cluster.upgrade(old, "6.0")
+    new = cluster.upgrade(old, "5.0", {"storage_compatibility_mode": "CASSANDRA_4"})
+    assert cluster.nodes == [cluster.nodes[0], new] and new.version == "5.0"
+    assert (new.directory, new.address, new.native_port, new.jmx_port, new.cdc_raw_dir) == \
+        (old.directory, old.address, old.native_port, old.jmx_port, old.cdc_raw_dir)
+    assert new.settings == {**old.settings, "storage_compatibility_mode": "CASSANDRA_4"}
+    written = yaml.safe_load((new.directory / "conf" / "cassandra.yaml").read_text())
+    assert written["storage_compatibility_mode"] == "CASSANDRA_4"
+    assert written["commitlog_directory"] == old.settings["commitlog_directory"]
 
 
 def test_cassandra_4_0_names_settings_with_units_in_its_own_way() -> None:

@@ -274,8 +274,11 @@ class TableRegistry:
             table = self.schema.table_by_id(table_id)
         if table is None and table_id not in self._unknown_logged:
             self._unknown_logged.add(table_id)
-            log.warning("mutations of unknown table id %s are skipped (as Cassandra skips them) "
-                        "until the schema has it", table_id)
+            # A name-based id is one of Cassandra's own tables, which have no CDC: e.g. a system table that
+            # a newer version added, logged by an upgraded node before its schema is read.
+            log.log(logging.INFO if table_id.version == 3 else logging.WARNING,
+                    "mutations of unknown table id %s are skipped (as Cassandra skips them) until the schema "
+                    "has it", table_id)
         return table
 
     def await_table(self, table_id: uuid.UUID, where: str,

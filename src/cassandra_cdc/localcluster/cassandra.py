@@ -141,6 +141,11 @@ def cassandra_4_0_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     return converted
 
 
+def _check_version(version: str) -> None:
+    if version not in artifacts.CASSANDRA_VERSIONS:
+        raise ValueError(f"Cassandra version {version!r}: one of {', '.join(artifacts.CASSANDRA_VERSIONS)}")
+
+
 def evenly_spaced_tokens(nodes: int) -> list[int]:
     """One Murmur3 token per node, splitting the ring into equal ranges."""
     return [_MURMUR3_MIN + index * ((1 << 64) // nodes) for index in range(nodes)]
@@ -153,6 +158,8 @@ class CassandraNode(JvmService):
                  heap: str, version: str = "5.0") -> None:
         self.index = index
         self.version = version
+        self.settings = dict(config)
+        self.heap = heap
         self._classpath_name = artifacts.CASSANDRA_VERSIONS[version]
         self.address = f"127.0.0.{index + 1}"
         self.directory = directory
@@ -249,9 +256,7 @@ class CassandraCluster(JvmCluster):
                  progress: Callable[[str], None] | None = None,
                  startup_timeout: float = 180.0, password_authentication: bool = False,
                  version: str = "5.0") -> None:
-        if version not in artifacts.CASSANDRA_VERSIONS:
-            raise ValueError(f"Cassandra version {version!r}: one of "
-                             f"{', '.join(artifacts.CASSANDRA_VERSIONS)}")
+        _check_version(version)
         if not 1 <= nodes <= 254:
             raise ValueError(f"nodes must be 1 to 254 (one loopback address each), not {nodes}")
         if len(node_configs) > nodes:
@@ -332,17 +337,19 @@ class CassandraCluster(JvmCluster):
 
     def wait_until_joined(self, deadline: float) -> None:
         """Until the gossip of every running node (``system_views.gossip_info``) shows the same thing: all
-        running nodes NORMAL, each in its latest incarnation (generation), one schema version. A node
-        answering CQL may not know its peers yet (a keyspace created then gets fewer replicas than asked
-        for), and a restarted node is known to the others only once they have its new generation."""
+        running nodes NORMAL, each in its latest incarnation (generation), one schema version (when they run
+        one Cassandra version: in a rolling upgrade nodes of two versions hash the same schema differently).
+        A node answering CQL may not know its peers yet (a keyspace created then gets fewer replicas than
+        asked for), and a restarted node is known to the others only once they have its new generation."""
         running = [node for node in self.nodes if node.running]
         expected = {node.address for node in running}
+        one_schema = len({node.version for node in running}) == 1
         with contextlib.ExitStack() as stack:
             sessions = {node.address: self._session(stack, node, deadline) for node in running}
             while True:
                 views = {address: self._gossip_view(session, expected)
                          for address, session in sessions.items()}
-                if self._agreed(list(views.values()), expected):
+                if self._agreed(list(views.values()), expected, one_schema):
                     return
                 if time.monotonic() > deadline:
                     raise JvmError(f"the Cassandra nodes do not agree on their cluster: {views} "
@@ -393,11 +400,11 @@ class CassandraCluster(JvmCluster):
                 for row in rows if row.address in addresses}
 
     @staticmethod
-    def _agreed(views: list[dict[str, tuple[int, str, Any]]], addresses: set[str]) -> bool:
+    def _agreed(views: list[dict[str, tuple[int, str, Any]]], addresses: set[str], one_schema: bool) -> bool:
         first = views[0]
         return (all(view == first for view in views) and set(first) == addresses
                 and all(status.startswith("NORMAL") for _, status, _ in first.values())
-                and len({schema for _, _, schema in first.values()}) == 1)
+                and (not one_schema or len({schema for _, _, schema in first.values()}) == 1))
 
     def stop(self) -> None:
         """Stop every node cleanly, all at once (each drains on its own)."""
@@ -412,6 +419,19 @@ class CassandraCluster(JvmCluster):
     def kill(self) -> None:
         for node in self.nodes:
             node.kill()
+
+    def upgrade(self, node: CassandraNode, version: str, config: Mapping[str, Any] | None = None) \
+            -> CassandraNode:
+        """The stopped ``node`` made a node of Cassandra ``version`` on the same directories, ports and
+        settings (``config`` added), as an operator upgrades a node in place: it starts (:meth:`start`) on
+        the data and commit log the old version left. Returns the new node, which replaces ``node``."""
+        if node.running:
+            raise ValueError(f"{node} is running: drain and stop it before its upgrade")
+        _check_version(version)
+        upgraded = CassandraNode(node.index, node.directory, {**node.settings, **(config or {})},
+                                 node.jmx_port, node.heap, version)
+        self.nodes[node.index] = upgraded
+        return upgraded
 
     def nodetool(self, *arguments: str) -> dict[str, str]:
         """``nodetool <arguments>`` on every running node; outputs by address."""

@@ -1,0 +1,197 @@
+"""A rolling upgrade from Cassandra 4.1 to 5.0 while CDC runs, as an operator does it (docs/operations.md).
+
+Three real Cassandra 4.1 nodes (RF 3) under a steady CQL workload at QUORUM, an agent beside each node and
+the pipeline running throughout. Each node in turn is drained (``nodetool drain``), stopped and started as
+5.0 on the same data, commit log and cdc_raw directories with ``storage_compatibility_mode: CASSANDRA_4``;
+then the two rolling restarts 5.0 asks for to leave 4.x's formats: ``UPGRADING`` (from which on a node
+writes commit log version 8), then ``NONE``. The agents are never stopped: each publishes segments of
+commit log versions 7 and 8 of its node. Once writing has stopped and the TTLs have passed, each table's
+events (read_committed), replayed, equal ``SELECT *`` at CONSISTENCY ALL with no event twice, and every
+write the cluster acknowledged during the upgrade is among them.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+from cassandra import ConsistencyLevel, OperationTimedOut, Unavailable, WriteFailure, WriteTimeout
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
+
+from cassandra_cdc.demo.cql_workload import SHORT_TTL, Workload, schema_statements
+from cassandra_cdc.kafka.raw_records import RawRecord, is_truncation
+from conftest import require_jvm_artifacts
+from real_system import System, messages, read_twice, replayed_tables, session_at_all, topic_exists, wait_for
+
+KEYSPACE = "upgrade"
+SERVER = "upgrade"
+FROM_VERSION = "4.1"
+# The passes of the rolling upgrade: each node in turn restarted as (version, storage_compatibility_mode).
+PASSES = [("5.0", "CASSANDRA_4"), ("5.0", "UPGRADING"), ("5.0", "NONE")]
+TABLES = ["rows", "collections", "types", "expiring", "steps"]
+STEPS_TABLE = f"CREATE TABLE {KEYSPACE}.steps (id int PRIMARY KEY, stage text) WITH cdc = true"
+# The errors of a write at QUORUM while a node drains, stops or starts: the write is made again.
+RETRIED = (NoHostAvailable, OperationTimedOut, Unavailable, WriteFailure, WriteTimeout)
+CONVERGE_TIMEOUT = 300.0
+# A steady load, not the most the nodes can take: the machine's two cores also run the nodes' restarts.
+STEP_INTERVAL = 0.5
+
+
+class RetryingSession:
+    """A session whose statements run at QUORUM and run again when the cluster could not take them."""
+
+    def __init__(self, session: Any, attempts: int = 20) -> None:
+        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.QUORUM
+        self.session = session
+        self.attempts = attempts
+        self.retries = 0
+
+    def execute(self, cql: str, values: Any = None, timeout: float | None = None) -> Any:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self.session.execute(cql, values, **({"timeout": timeout} if timeout else {}))
+            except RETRIED:
+                if attempt == self.attempts:
+                    raise
+                self.retries += 1
+                time.sleep(0.5)
+
+
+class SteadyWriter(threading.Thread):
+    """The workload in a loop, a step (~60 statements) every ``STEP_INTERVAL`` seconds at most, until
+    stopped; each step's id acknowledged in ``steps`` with the pass it ran in (``current_pass``)."""
+
+    def __init__(self, session: Any, current_pass: Callable[[], str]) -> None:
+        super().__init__(name="steady writer", daemon=True)
+        self.retrying = RetryingSession(session)
+        self.write = Workload(self.retrying, KEYSPACE, FROM_VERSION)
+        self.current_pass = current_pass
+        self.acknowledged: dict[int, str] = {}
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            step = 0
+            while not self._stopping.wait(STEP_INTERVAL):
+                start = step * 10
+                self.write.rows_table(start, 1)
+                self.write.collections(start, 2)
+                self.write.nested(start, 1)
+                self.write.types(step % 100, 1)  # (its blob holds the id as a byte)
+                self.write.others(start, 1)
+                step_pass = self.current_pass()
+                self.write(f"INSERT INTO {KEYSPACE}.steps (id, stage) VALUES (%s, %s)", step, step_pass)
+                self.acknowledged[step] = step_pass
+                step += 1
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            self.error = error
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(120)
+        assert not self.is_alive(), "the writer did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture(scope="module")
+def cluster_4_1(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from cassandra_cdc.localcluster import CassandraCluster
+    from cassandra_cdc.localcluster.artifacts import check_cassandra
+
+    require_jvm_artifacts(lambda: check_cassandra(FROM_VERSION), lambda: check_cassandra("5.0"))
+    with CassandraCluster(tmp_path_factory.mktemp("upgrade"), nodes=3, version=FROM_VERSION) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def outcome(cluster_4_1: Any, real_kafka: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    system = System(tmp_path_factory.mktemp("upgrade-system"), cluster_4_1, real_kafka, SERVER)
+    current = ["4.1"]
+    timings: dict[str, float] = {}
+    started = time.monotonic()
+    schema = [*schema_statements(KEYSPACE, FROM_VERSION, 3), STEPS_TABLE]
+    with session_at_all(cluster_4_1, schema) as session, cluster_4_1.driver() as writer_driver:
+        writer = SteadyWriter(writer_driver.connect(), lambda: current[0])
+        try:
+            system.start_agents()
+            writer.start()
+            wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{SERVER}.raw"), "the raw topic", 60,
+                     system.children)
+            system.pipeline.start()
+            wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
+            timings["running"] = time.monotonic() - started
+            for version, mode in PASSES:
+                current[0] = f"{version} {mode}"
+                for node in list(cluster_4_1.nodes):
+                    node.nodetool("drain")
+                    node.stop()
+                    cluster_4_1.upgrade(node, version, {"storage_compatibility_mode": mode})
+                    cluster_4_1.start()
+                    assert writer.is_alive(), writer.error
+                timings[current[0]] = time.monotonic() - started
+            current[0] = "after"
+            time.sleep(5)  # a few steps written on the upgraded cluster
+            writer.stop()
+            timings["written"] = time.monotonic() - started
+            session.cluster.refresh_nodes()
+            versions = {host.address: host.release_version for host in session.cluster.metadata.all_hosts()}
+            time.sleep(SHORT_TTL + 2)  # every TTL has passed
+            bootstrap_servers = real_kafka.bootstrap_servers
+            events, tables, differences = replayed_tables(bootstrap_servers, session, KEYSPACE, SERVER,
+                                                          TABLES, CONVERGE_TIMEOUT, system.children)
+            timings["converged"] = time.monotonic() - started
+            raw = [RawRecord.decode(value) for _, _, value in messages(bootstrap_servers, f"{SERVER}.raw")
+                   if not is_truncation(value)]
+        finally:
+            if writer.is_alive():
+                writer.stop()
+            system.stop()
+    print("timings (s):", {k: round(v, 1) for k, v in timings.items()}, "steps:", len(writer.acknowledged),
+          "retried writes:", writer.retrying.retries)
+    return {"events": events, "differences": differences, "tables": tables, "versions": versions,
+            "acknowledged": writer.acknowledged, "nodes": [node.address for node in cluster_4_1.nodes],
+            "node_versions": {node.address: node.version for node in cluster_4_1.nodes},
+            "commitlog_versions": collections.Counter((r.node_id, r.commitlog_version) for r in raw),
+            "logs": system.logs()}
+
+
+def test_every_node_runs_5_0_at_the_end(outcome):
+    """As each node tells the driver (its ``release_version``)."""
+    assert set(outcome["node_versions"].values()) == {"5.0"}
+    assert {address: version.split(".")[:2] for address, version in outcome["versions"].items()} == \
+        {address: ["5", "0"] for address in outcome["nodes"]}
+
+
+def test_each_agent_published_commit_log_versions_7_and_8(outcome):
+    """Segments of 4.1 and of 5.0 in its compatibility mode (version 7), then of 5.0's own (8)."""
+    seen = outcome["commitlog_versions"]
+    assert {(node, version) for node in outcome["nodes"] for version in (7, 8)} <= set(seen), seen
+
+
+@pytest.mark.parametrize("table", TABLES)
+def test_each_tables_events_replay_to_what_select_returns(outcome, table):
+    differences = outcome["differences"][table]
+    assert outcome["tables"][table][1], f"{table}: the workload left rows"
+    assert differences == [], (f"{table}: {len(differences)} differences, first {differences[:10]}\n"
+                               f"{outcome['logs']}")
+
+
+def test_no_event_is_read_twice(outcome):
+    for table, events in outcome["events"].items():
+        duplicates = read_twice(events)
+        assert duplicates == [], f"{table}: {len(duplicates)} events twice, first {duplicates[:3]}"
+
+
+def test_every_write_acknowledged_during_the_upgrade_has_its_event(outcome):
+    """The ``steps`` row each step of the workload wrote last: written in every pass, each one's event."""
+    acknowledged = outcome["acknowledged"]
+    assert set(acknowledged.values()) >= {"4.1", *(f"{v} {m}" for v, m in PASSES), "after"}, acknowledged
+    evented = {event["after"]["id"]: event["after"]["stage"] for event in outcome["events"]["steps"]
+               if event["op"] == "c"}
+    assert evented == acknowledged
