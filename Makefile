@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 SHARED ?= ../shared
 
-.PHONY: run test install bench clean
+.PHONY: run test scenarios install bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,13 +71,18 @@ run: install
 	$(USE_SPARK_CLASS_ARCHIVE) $(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION)) $(ARGS)
 
 # CASSANDRA_CDC_REQUIRE_JVM: tests needing the fetched JVM artifacts fail instead of skipping without them.
+# The long scenarios (tests marked `scenario`: a rolling upgrade, Kafka failing over) are not in it, to keep
+# it within its time: `make scenarios` runs them (benchmarks/scenarios.py).
 # TEST_WORKERS pytest-xdist workers; a worker that runs out of tests takes the other's (worksteal).
 # SPARK_SUBMIT_OPTS (added to yours): the tests' Spark drivers run for seconds, too short for C2's
 # compilations to pay back what they cost (a pipeline that runs for long wants C2: docs/pipeline.md).
 TEST_WORKERS ?= 2
 test: install
 	$(USE_SPARK_CLASS_ARCHIVE) CASSANDRA_CDC_REQUIRE_JVM=1 SPARK_SUBMIT_OPTS="$$SPARK_SUBMIT_OPTS -XX:TieredStopAtLevel=1" \
-	    $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
+	    $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not scenario"
+
+scenarios: install
+	$(USE_SPARK_CLASS_ARCHIVE) $(BIN)/python benchmarks/scenarios.py
 
 bench: install
 	$(BIN)/python benchmarks/commitlog_decode.py

@@ -6,20 +6,22 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import statistics
+import threading
 import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import yaml
-from cassandra import ConsistencyLevel
-from cassandra.cluster import EXEC_PROFILE_DEFAULT
+from cassandra import ConsistencyLevel, OperationTimedOut, Unavailable, WriteFailure, WriteTimeout
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from cassandra_cdc.demo.cql_workload import key_columns, table_rows
+from cassandra_cdc.demo.cql_workload import Workload, key_columns, table_rows
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
 from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, is_truncation
@@ -275,3 +277,94 @@ def replayed_tables(bootstrap_servers: str, session: Any, keyspace: str, server:
         for child in children:
             assert child.exit_code is None, f"{child.name} exited: {child.log_tail(30)}"
         time.sleep(2)
+
+
+# --- a steady workload while the cluster changes ---------------------------------------------------------
+
+# The tables SteadyWriter writes (``steps_table`` beside the CQL workload's).
+STEADY_TABLES = ["rows", "collections", "types", "expiring", "steps"]
+# The errors of a write at QUORUM while a node drains, stops or starts: the write is made again.
+RETRIED = (NoHostAvailable, OperationTimedOut, Unavailable, WriteFailure, WriteTimeout)
+# A steady load, not the most the nodes can take: the machine's two cores also run the nodes' restarts.
+STEP_INTERVAL = 0.5
+
+
+def steps_table(keyspace: str) -> str:
+    return f"CREATE TABLE {keyspace}.steps (id int PRIMARY KEY, stage text) WITH cdc = true"
+
+
+def steps_evented(events: list[dict[str, Any]]) -> dict[int, str]:
+    """The steps whose row's insert has its event: id -> stage."""
+    return {event["after"]["id"]: event["after"]["stage"] for event in events if event["op"] == "c"}
+
+
+def lag_by_stage(events: list[dict[str, Any]]) -> dict[str, str]:
+    """How long after its write each step's event was made (its ``ts_ms`` against ``source.ts_ms``), by
+    stage: the median and the most, in seconds."""
+    lags: dict[str, list[float]] = collections.defaultdict(list)
+    for event in events:
+        if event["op"] == "c":
+            lags[event["after"]["stage"]].append((event["ts_ms"] - event["source"]["ts_ms"]) / 1000)
+    return {stage: f"{statistics.median(values):.1f} / {max(values):.1f}" for stage, values in lags.items()}
+
+
+class RetryingSession:
+    """A session whose statements run at QUORUM and run again when the cluster could not take them (a node
+    draining, stopping or starting)."""
+
+    def __init__(self, session: Any, attempts: int = 20) -> None:
+        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.QUORUM
+        self.session = session
+        self.attempts = attempts
+        self.retries = 0
+
+    def execute(self, cql: str, values: Any = None, timeout: float | None = None) -> Any:
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return self.session.execute(cql, values, **({"timeout": timeout} if timeout else {}))
+            except RETRIED:
+                if attempt == self.attempts:
+                    raise
+                self.retries += 1
+                time.sleep(0.5)
+
+
+class SteadyWriter(threading.Thread):
+    """The CQL workload (``cql_workload``) into ``keyspace`` in a loop, a step (~60 statements) every
+    ``STEP_INTERVAL`` seconds at most, until stopped; the last statement of each step writes its id and
+    the stage it ran in (``current_stage``) into the ``steps`` table, and ``acknowledged`` holds them."""
+
+    def __init__(self, session: Any, keyspace: str, cassandra_version: str,
+                 current_stage: Callable[[], str]) -> None:
+        super().__init__(name="steady writer", daemon=True)
+        self.retrying = RetryingSession(session)
+        self.keyspace = keyspace
+        self.write = Workload(self.retrying, keyspace, cassandra_version)
+        self.current_stage = current_stage
+        self.acknowledged: dict[int, str] = {}
+        self.error: BaseException | None = None
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            step = 0
+            while not self._stopping.wait(STEP_INTERVAL):
+                start = step * 10
+                self.write.rows_table(start, 1)
+                self.write.collections(start, 2)
+                self.write.nested(start, 1)
+                self.write.types(step % 100, 1)  # (its blob holds the id as a byte)
+                self.write.others(start, 1)
+                stage = self.current_stage()
+                self.write(f"INSERT INTO {self.keyspace}.steps (id, stage) VALUES (%s, %s)", step, stage)
+                self.acknowledged[step] = stage
+                step += 1
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            self.error = error
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.join(120)
+        assert not self.is_alive(), "the writer did not stop"
+        if self.error is not None:
+            raise self.error

@@ -62,6 +62,10 @@ def event_ids(bootstrap_servers: str, topic: str) -> list[int]:
      'leader for partition"}', True),
     ("org.apache.kafka.common.errors.TimeoutException: Timeout of 60000ms expired before the position for "
      "partition outage.raw-0 could be determined", True),
+    # A broker of a cluster killed: the client drops its handle, failing the requests in flight to it.
+    ("cassandra_cdc.kafka.consume.KafkaSourceError: cdc-kafka: cannot get the offsets of topic "
+     'kafkafailover.raw: KafkaError{code=_DESTROY_BROKER,val=-137,str="Failed to get watermark offsets: '
+     'Local: Broker handle destroyed without termination"}', True),
     # Not Kafka's absence: the pipeline stops on them as before.
     ("org.apache.spark.SparkException: Python worker failed to connect back.", False),
     ('KafkaError{code=TOPIC_AUTHORIZATION_FAILED,val=29,str="Broker: Topic authorization failed"}', False),

@@ -129,9 +129,9 @@ def snapshot_directories(cluster: Any, table: str) -> dict[str, Path]:
     return directories
 
 
-def sstable_formats(directory: Path) -> set[str]:
-    """The (version, format) of the SSTables in ``directory``, from their file names (``nb-1-big-Data.db``)."""
-    return {tuple(data.name.split("-")[0:3:2]) for data in directory.glob("*-Data.db")}
+def sstable_formats(directory: Path) -> set[tuple[str, str]]:
+    """The (version, format) of the SSTables in ``directory``, from their names (``nb-1-big-Data.db``)."""
+    return {(name[0], name[2]) for name in (data.name.split("-") for data in directory.glob("*-Data.db"))}
 
 
 def our_dump(snapshot: Path) -> list[dict[str, Any]]:

@@ -13,90 +13,25 @@ write the cluster acknowledged during the upgrade is among them.
 from __future__ import annotations
 
 import collections
-import threading
 import time
-from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
-from cassandra import ConsistencyLevel, OperationTimedOut, Unavailable, WriteFailure, WriteTimeout
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, NoHostAvailable
 
-from cassandra_cdc.demo.cql_workload import SHORT_TTL, Workload, schema_statements
+from cassandra_cdc.demo.cql_workload import SHORT_TTL, schema_statements
 from cassandra_cdc.kafka.raw_records import RawRecord, is_truncation
 from conftest import require_jvm_artifacts
-from real_system import System, messages, read_twice, replayed_tables, session_at_all, topic_exists, wait_for
+from real_system import (STEADY_TABLES, SteadyWriter, System, lag_by_stage, messages, read_twice,
+                         replayed_tables, session_at_all, steps_evented, steps_table, topic_exists, wait_for)
+
+pytestmark = pytest.mark.scenario  # benchmarks/scenarios.py runs it, not make test
 
 KEYSPACE = "upgrade"
 SERVER = "upgrade"
 FROM_VERSION = "4.1"
 # The passes of the rolling upgrade: each node in turn restarted as (version, storage_compatibility_mode).
 PASSES = [("5.0", "CASSANDRA_4"), ("5.0", "UPGRADING"), ("5.0", "NONE")]
-TABLES = ["rows", "collections", "types", "expiring", "steps"]
-STEPS_TABLE = f"CREATE TABLE {KEYSPACE}.steps (id int PRIMARY KEY, stage text) WITH cdc = true"
-# The errors of a write at QUORUM while a node drains, stops or starts: the write is made again.
-RETRIED = (NoHostAvailable, OperationTimedOut, Unavailable, WriteFailure, WriteTimeout)
 CONVERGE_TIMEOUT = 300.0
-# A steady load, not the most the nodes can take: the machine's two cores also run the nodes' restarts.
-STEP_INTERVAL = 0.5
-
-
-class RetryingSession:
-    """A session whose statements run at QUORUM and run again when the cluster could not take them."""
-
-    def __init__(self, session: Any, attempts: int = 20) -> None:
-        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.QUORUM
-        self.session = session
-        self.attempts = attempts
-        self.retries = 0
-
-    def execute(self, cql: str, values: Any = None, timeout: float | None = None) -> Any:
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return self.session.execute(cql, values, **({"timeout": timeout} if timeout else {}))
-            except RETRIED:
-                if attempt == self.attempts:
-                    raise
-                self.retries += 1
-                time.sleep(0.5)
-
-
-class SteadyWriter(threading.Thread):
-    """The workload in a loop, a step (~60 statements) every ``STEP_INTERVAL`` seconds at most, until
-    stopped; each step's id acknowledged in ``steps`` with the pass it ran in (``current_pass``)."""
-
-    def __init__(self, session: Any, current_pass: Callable[[], str]) -> None:
-        super().__init__(name="steady writer", daemon=True)
-        self.retrying = RetryingSession(session)
-        self.write = Workload(self.retrying, KEYSPACE, FROM_VERSION)
-        self.current_pass = current_pass
-        self.acknowledged: dict[int, str] = {}
-        self.error: BaseException | None = None
-        self._stopping = threading.Event()
-
-    def run(self) -> None:
-        try:
-            step = 0
-            while not self._stopping.wait(STEP_INTERVAL):
-                start = step * 10
-                self.write.rows_table(start, 1)
-                self.write.collections(start, 2)
-                self.write.nested(start, 1)
-                self.write.types(step % 100, 1)  # (its blob holds the id as a byte)
-                self.write.others(start, 1)
-                step_pass = self.current_pass()
-                self.write(f"INSERT INTO {KEYSPACE}.steps (id, stage) VALUES (%s, %s)", step, step_pass)
-                self.acknowledged[step] = step_pass
-                step += 1
-        except BaseException as error:  # noqa: BLE001 - reported by the test
-            self.error = error
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self.join(120)
-        assert not self.is_alive(), "the writer did not stop"
-        if self.error is not None:
-            raise self.error
 
 
 @pytest.fixture(scope="module")
@@ -115,9 +50,9 @@ def outcome(cluster_4_1: Any, real_kafka: Any, tmp_path_factory: pytest.TempPath
     current = ["4.1"]
     timings: dict[str, float] = {}
     started = time.monotonic()
-    schema = [*schema_statements(KEYSPACE, FROM_VERSION, 3), STEPS_TABLE]
+    schema = [*schema_statements(KEYSPACE, FROM_VERSION, 3), steps_table(KEYSPACE)]
     with session_at_all(cluster_4_1, schema) as session, cluster_4_1.driver() as writer_driver:
-        writer = SteadyWriter(writer_driver.connect(), lambda: current[0])
+        writer = SteadyWriter(writer_driver.connect(), KEYSPACE, FROM_VERSION, lambda: current[0])
         try:
             system.start_agents()
             writer.start()
@@ -144,7 +79,7 @@ def outcome(cluster_4_1: Any, real_kafka: Any, tmp_path_factory: pytest.TempPath
             time.sleep(SHORT_TTL + 2)  # every TTL has passed
             bootstrap_servers = real_kafka.bootstrap_servers
             events, tables, differences = replayed_tables(bootstrap_servers, session, KEYSPACE, SERVER,
-                                                          TABLES, CONVERGE_TIMEOUT, system.children)
+                                                          STEADY_TABLES, CONVERGE_TIMEOUT, system.children)
             timings["converged"] = time.monotonic() - started
             raw = [RawRecord.decode(value) for _, _, value in messages(bootstrap_servers, f"{SERVER}.raw")
                    if not is_truncation(value)]
@@ -153,7 +88,8 @@ def outcome(cluster_4_1: Any, real_kafka: Any, tmp_path_factory: pytest.TempPath
                 writer.stop()
             system.stop()
     print("timings (s):", {k: round(v, 1) for k, v in timings.items()}, "steps:", len(writer.acknowledged),
-          "retried writes:", writer.retrying.retries)
+          "retried writes:", writer.retrying.retries, "write to event, median / most (s):",
+          lag_by_stage(events["steps"]))
     return {"events": events, "differences": differences, "tables": tables, "versions": versions,
             "acknowledged": writer.acknowledged, "nodes": [node.address for node in cluster_4_1.nodes],
             "node_versions": {node.address: node.version for node in cluster_4_1.nodes},
@@ -174,7 +110,7 @@ def test_each_agent_published_commit_log_versions_7_and_8(outcome):
     assert {(node, version) for node in outcome["nodes"] for version in (7, 8)} <= set(seen), seen
 
 
-@pytest.mark.parametrize("table", TABLES)
+@pytest.mark.parametrize("table", STEADY_TABLES)
 def test_each_tables_events_replay_to_what_select_returns(outcome, table):
     differences = outcome["differences"][table]
     assert outcome["tables"][table][1], f"{table}: the workload left rows"
@@ -192,6 +128,4 @@ def test_every_write_acknowledged_during_the_upgrade_has_its_event(outcome):
     """The ``steps`` row each step of the workload wrote last: written in every pass, each one's event."""
     acknowledged = outcome["acknowledged"]
     assert set(acknowledged.values()) >= {"4.1", *(f"{v} {m}" for v, m in PASSES), "after"}, acknowledged
-    evented = {event["after"]["id"]: event["after"]["stage"] for event in outcome["events"]["steps"]
-               if event["op"] == "c"}
-    assert evented == acknowledged
+    assert steps_evented(outcome["events"]["steps"]) == acknowledged

@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterator
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from .outage import unreachable
+
 # Records per chunk of ``consume_range`` (so rows per Arrow record batch of the Spark source at most).
 CONSUME_BATCH = 10_000
 # How long a read waits for the next record when none is queued.
@@ -28,8 +30,29 @@ END_CHECK_SECONDS = 0.3
 READ_TO_END_FETCH_WAIT_MS = 0
 # Errors librdkafka reports while it reconnects by itself: keep reading until the poll timeout.
 _TRANSIENT = {KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._RESOLVE,
-              KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT, KafkaError.REQUEST_TIMED_OUT,
-              KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE}
+              KafkaError._DESTROY_BROKER, KafkaError._TIMED_OUT, KafkaError._MSG_TIMED_OUT,
+              KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_LEADER_FOR_PARTITION,
+              KafkaError.LEADER_NOT_AVAILABLE}
+
+
+# How soon a watermark request that found its broker gone is made again.
+WATERMARK_RETRY_SECONDS = 0.5
+
+
+def watermark_offsets(consumer: Consumer, topic: str, partition: int, timeout: float) -> tuple[int, int]:
+    """A partition's first and end offsets, asked of its leader; asked again, until ``timeout``, while the
+    client reaches no broker for it: a killed broker of a cluster fails the requests in flight to it, and
+    the client moves to the partition's new leader within moments."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout,
+                                                       cached=False)
+            return low, high
+        except KafkaException as error:
+            if not unreachable(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(WATERMARK_RETRY_SECONDS)
 
 
 class KafkaSourceError(RuntimeError):
@@ -166,8 +189,7 @@ class TopicFollower:
             return False
         ends = {}
         for partition in metadata.partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                       timeout=self._timeout, cached=False)
+            low, high = watermark_offsets(consumer, topic, partition, self._timeout)
             start = max(self._next.get((topic, partition), 0), low)
             if high > start:
                 ends[partition] = high

@@ -9,15 +9,17 @@ import time
 
 from confluent_kafka import KafkaError, KafkaException
 
-# librdkafka's errors that mean the brokers cannot be reached (yet), not that they refused something.
+# librdkafka's errors that mean the brokers cannot be reached (yet), not that they refused something: with
+# them, a broker of a cluster that was killed and left the cluster's metadata, whose handle the client drops
+# with the requests in flight to it (_DESTROY_BROKER).
 UNREACHABLE = frozenset({KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError._ALL_BROKERS_DOWN,
-                         KafkaError._RESOLVE})
+                         KafkaError._RESOLVE, KafkaError._DESTROY_BROKER})
 # The same in the text of a failure that crossed process boundaries (a Spark task's Python or Java error):
 # librdkafka's codes as confluent-kafka prints them, and the Java client's exceptions for a broker away. With
 # them, what a broker that has just restarted answers for a while (partitions without a leader yet, a
 # transaction the restart aborted that fences its producer: the replay registers the id again).
 _UNREACHABLE_TEXT = re.compile(
-    r"code=(_TRANSPORT|_TIMED_OUT|_ALL_BROKERS_DOWN|_RESOLVE|_MSG_TIMED_OUT|_TIMED_OUT_QUEUE|"
+    r"code=(_TRANSPORT|_TIMED_OUT|_ALL_BROKERS_DOWN|_RESOLVE|_DESTROY_BROKER|_MSG_TIMED_OUT|_TIMED_OUT_QUEUE|"
     r"COORDINATOR_NOT_AVAILABLE|NOT_COORDINATOR|COORDINATOR_LOAD_IN_PROGRESS|NOT_ENOUGH_REPLICAS|"
     r"LEADER_NOT_AVAILABLE|NOT_LEADER_OR_FOLLOWER|NOT_LEADER_FOR_PARTITION|REQUEST_TIMED_OUT|"
     r"NETWORK_EXCEPTION|_UNKNOWN_PARTITION|_FENCED|PRODUCER_FENCED|INVALID_PRODUCER_EPOCH|"

@@ -96,7 +96,7 @@ from confluent_kafka.admin import AdminClient
 from pyspark import TaskContext
 
 from ..kafka.admin import TopicCreationFailed, admin_settings, create_missing_topics
-from ..kafka.consume import READ_TO_END_FETCH_WAIT_MS, consume_range
+from ..kafka.consume import READ_TO_END_FETCH_WAIT_MS, consume_range, watermark_offsets
 
 log = logging.getLogger(__name__)
 
@@ -531,8 +531,7 @@ class BatchCommitLog:
         if metadata.error is not None:
             raise KafkaException(metadata.error)
         for partition in sorted(metadata.partitions):
-            low, end = self._consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
-                                                            timeout=TIMEOUT, cached=False)
+            low, end = watermark_offsets(self._consumer, self.topic, partition, TIMEOUT)
             start = max(self._positions.get(partition, 0), low)
             if start >= end:
                 continue

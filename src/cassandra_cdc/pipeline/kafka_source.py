@@ -93,7 +93,8 @@ from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadM
 from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField, StructType,
                                TimestampType)
 
-from ..kafka.consume import READ_TO_END_FETCH_WAIT_MS, DataLossError, KafkaSourceError, consume_range
+from ..kafka.consume import (READ_TO_END_FETCH_WAIT_MS, DataLossError, KafkaSourceError, consume_range,
+                             watermark_offsets)
 
 log = logging.getLogger(__name__)
 
@@ -386,8 +387,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise KafkaException(metadata.error)
                 self._warn_once(f"{SOURCE_NAME}: topic {topic} does not exist (yet): nothing to read")
                 return {}
-            return {partition: self._consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                                    timeout=METADATA_TIMEOUT, cached=False)
+            return {partition: watermark_offsets(self._consumer, topic, partition, METADATA_TIMEOUT)
                     for partition in sorted(metadata.partitions)}
         except KafkaException as error:
             raise KafkaSourceError(f"{SOURCE_NAME}: cannot get the offsets of topic {topic}: {error}") \
