@@ -198,6 +198,8 @@ class System:
 
     def __init__(self, root: Path, cluster: Any, kafka: Any, server: str, tables: list[str] = (),
                  schema_file: Path | None = None, agent_settings: dict[str, Any] | None = None) -> None:
+        self.server = server
+        self.bootstrap_servers = kafka.bootstrap_servers
         self.agents = []
         for node in cluster.nodes:
             schema = ({"file": str(schema_file)} if schema_file is not None else
@@ -225,6 +227,13 @@ class System:
             agent.start()
         wait_for(lambda: all(a.ready for a in self.agents), "the agents", 120, self.children)
 
+    def start_pipeline(self) -> None:
+        """Once the agents have made the raw topic, start the pipeline and wait until it runs."""
+        wait_for(lambda: topic_exists(self.bootstrap_servers, f"{self.server}.raw"), "the raw topic", 60,
+                 self.children)
+        self.pipeline.start()
+        wait_for(lambda: self.pipeline.ready, "the pipeline", 180, self.children)
+
     @property
     def children(self) -> list[ChildProcess]:
         return [*self.agents, self.pipeline]
@@ -249,6 +258,22 @@ def read_twice(events: list[dict[str, Any]]) -> list[str]:
     """The events (as JSON) that are there more than once."""
     seen = collections.Counter(json.dumps(e, sort_keys=True) for e in events)
     return [event for event, count in seen.items() if count > 1]
+
+
+def assert_replays_to_select(outcome: dict[str, Any], table: str) -> None:
+    """A table of a run's ``outcome`` (``replayed_tables``' ``differences`` and ``tables``, the system's
+    ``logs``) has rows, and its events replayed equal them."""
+    differences = outcome["differences"][table]
+    assert outcome["tables"][table][1], f"{table}: the workload left rows"
+    assert differences == [], (f"{table}: {len(differences)} differences, first {differences[:10]}\n"
+                               f"{outcome['logs']}")
+
+
+def assert_no_event_twice(events: dict[str, list[dict[str, Any]]]) -> None:
+    """No table's events (by table) hold one event twice."""
+    for table, table_events in events.items():
+        duplicates = read_twice(table_events)
+        assert duplicates == [], f"{table}: {len(duplicates)} events twice, first {duplicates[:3]}"
 
 
 class Replayed(NamedTuple):

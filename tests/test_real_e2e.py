@@ -22,8 +22,9 @@ import pytest
 from cassandra_cdc.demo.cql_workload import CDC_TABLES as WORKLOAD_CDC_TABLES
 from cassandra_cdc.demo.cql_workload import SHORT_TTL, Workload, late_table_statement, schema_statements
 from conftest import REAL_CLUSTERS
-from real_system import (System, consume_events, read_twice, replayed_tables, session_at_all, table_id,
-                         topic_exists, truncations_by_node, wait_for)
+from real_system import (System, assert_no_event_twice, assert_replays_to_select, consume_events,
+                         replayed_tables, session_at_all, table_id, topic_exists, truncations_by_node,
+                         wait_for)
 
 KEYSPACE = "real_e2e"
 SERVER = "reale2e"
@@ -49,10 +50,7 @@ def outcome(request: pytest.FixtureRequest, real_kafka: Any,
             write(f"TRUNCATE {KEYSPACE}.collections", timeout=120)  # before the agents: not theirs to publish
             system.start_agents()
             write.rows_table(0, 6)
-            wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{server}.raw"), "the raw topic", 60,
-                     system.children)
-            system.pipeline.start()
-            wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
+            system.start_pipeline()
             timings["started"] = time.monotonic() - started
             write.out_of_order(50)
             write.collections(0, 6)
@@ -108,16 +106,11 @@ def outcome(request: pytest.FixtureRequest, real_kafka: Any,
 @pytest.mark.parametrize("table", CDC_TABLES)
 def test_each_tables_events_replay_to_what_select_returns(outcome, table):
     """Writes made while an agent was stopped and while the pipeline was down are among the rows."""
-    differences = outcome["differences"][table]
-    assert outcome["tables"][table][1], f"{table}: the workload left rows"
-    assert differences == [], (f"{table}: {len(differences)} differences, first {differences[:10]}\n"
-                               f"{outcome['logs']}")
+    assert_replays_to_select(outcome, table)
 
 
 def test_no_event_is_read_twice(outcome):
-    for table, events in outcome["events"].items():
-        duplicates = read_twice(events)
-        assert duplicates == [], f"{table}: {len(duplicates)} events twice, first {duplicates[:3]}"
+    assert_no_event_twice(outcome["events"])
 
 
 def test_a_table_without_cdc_has_no_topic(outcome):

@@ -18,8 +18,9 @@ import pytest
 
 from cassandra_cdc.demo.cql_workload import SHORT_TTL, schema_statements
 from conftest import require_jvm_artifacts
-from real_system import (STEADY_TABLES, SteadyWriter, System, consume_events, lag_by_stage, read_twice,
-                         replayed_tables, session_at_all, steps_evented, steps_table, topic_exists, wait_for)
+from real_system import (STEADY_TABLES, SteadyWriter, System, assert_no_event_twice,
+                         assert_replays_to_select, consume_events, lag_by_stage, replayed_tables,
+                         session_at_all, steps_evented, steps_table, topic_exists, wait_for)
 
 pytestmark = pytest.mark.scenario  # benchmarks/scenarios.py runs it, not make test
 
@@ -64,10 +65,7 @@ def outcome(real_cassandra: Any, kafka_cluster: Any,
         try:
             system.start_agents()
             writer.start()
-            wait_for(lambda: topic_exists(kafka_cluster.bootstrap_servers, f"{SERVER}.raw"), "the raw topic",
-                     60, system.children)
-            system.pipeline.start()
-            wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
+            system.start_pipeline()
             # Its first transactions committed: its producers have their transactional ids.
             wait_for(lambda: events_written(kafka_cluster.bootstrap_servers), "the first events", 180,
                      system.children)
@@ -106,16 +104,11 @@ def test_each_broker_was_killed_under_load(outcome):
 
 @pytest.mark.parametrize("table", STEADY_TABLES)
 def test_each_tables_events_replay_to_what_select_returns(outcome, table):
-    differences = outcome["differences"][table]
-    assert outcome["tables"][table][1], f"{table}: the workload left rows"
-    assert differences == [], (f"{table}: {len(differences)} differences, first {differences[:10]}\n"
-                               f"{outcome['logs']}")
+    assert_replays_to_select(outcome, table)
 
 
 def test_no_event_is_read_twice(outcome):
-    for table, events in outcome["events"].items():
-        duplicates = read_twice(events)
-        assert duplicates == [], f"{table}: {len(duplicates)} events twice, first {duplicates[:3]}"
+    assert_no_event_twice(outcome["events"])
 
 
 def test_every_write_acknowledged_while_brokers_failed_has_its_event(outcome):

@@ -21,8 +21,9 @@ import pytest
 from cassandra_cdc.demo.cql_workload import SHORT_TTL, schema_statements
 from cassandra_cdc.kafka.raw_records import RawRecord, is_truncation
 from conftest import require_jvm_artifacts
-from real_system import (STEADY_TABLES, SteadyWriter, System, lag_by_stage, messages, read_twice,
-                         replayed_tables, session_at_all, steps_evented, steps_table, topic_exists, wait_for)
+from real_system import (STEADY_TABLES, SteadyWriter, System, assert_no_event_twice,
+                         assert_replays_to_select, lag_by_stage, messages, replayed_tables, session_at_all,
+                         steps_evented, steps_table)
 
 pytestmark = pytest.mark.scenario  # benchmarks/scenarios.py runs it, not make test
 
@@ -56,10 +57,7 @@ def outcome(cluster_4_1: Any, real_kafka: Any, tmp_path_factory: pytest.TempPath
         try:
             system.start_agents()
             writer.start()
-            wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{SERVER}.raw"), "the raw topic", 60,
-                     system.children)
-            system.pipeline.start()
-            wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
+            system.start_pipeline()
             timings["running"] = time.monotonic() - started
             for version, mode in PASSES:
                 current[0] = f"{version} {mode}"
@@ -112,16 +110,11 @@ def test_each_agent_published_commit_log_versions_7_and_8(outcome):
 
 @pytest.mark.parametrize("table", STEADY_TABLES)
 def test_each_tables_events_replay_to_what_select_returns(outcome, table):
-    differences = outcome["differences"][table]
-    assert outcome["tables"][table][1], f"{table}: the workload left rows"
-    assert differences == [], (f"{table}: {len(differences)} differences, first {differences[:10]}\n"
-                               f"{outcome['logs']}")
+    assert_replays_to_select(outcome, table)
 
 
 def test_no_event_is_read_twice(outcome):
-    for table, events in outcome["events"].items():
-        duplicates = read_twice(events)
-        assert duplicates == [], f"{table}: {len(duplicates)} events twice, first {duplicates[:3]}"
+    assert_no_event_twice(outcome["events"])
 
 
 def test_every_write_acknowledged_during_the_upgrade_has_its_event(outcome):

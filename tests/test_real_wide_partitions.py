@@ -34,7 +34,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from cassandra_cdc.demo.cql_workload import key_columns
 from cassandra_cdc.demo.table_check import compare_rows, replay
-from real_system import System, read_twice, replayed_tables, session_at_all, topic_exists, wait_for
+from real_system import System, assert_no_event_twice, replayed_tables, session_at_all
 
 KEYSPACE = "real_wide"
 SERVER = "realwide"
@@ -313,10 +313,7 @@ def outcome(real_cassandra: Any, real_kafka: Any, tmp_path_factory: pytest.TempP
         try:
             system.start_agents()
             workload.small_partitions()
-            wait_for(lambda: topic_exists(real_kafka.bootstrap_servers, f"{SERVER}.raw"), "the raw topic", 60,
-                     system.children)
-            system.pipeline.start()
-            wait_for(lambda: system.pipeline.ready, "the pipeline", 180, system.children)
+            system.start_pipeline()
             # The small partitions' events: the merge's Python workers started before the busiest writes.
             wait_for_records(real_kafka.bootstrap_servers, 2, system)
             timings["started"] = time.monotonic() - started
@@ -388,9 +385,7 @@ def test_select_returns_what_the_statements_make(outcome: dict[str, Any], table:
 
 
 def test_no_event_is_read_twice(outcome: dict[str, Any]) -> None:
-    for table, events in outcome["events"].items():
-        duplicates = read_twice(events)
-        assert duplicates == [], f"{table}: {len(duplicates)} events twice, first {duplicates[:3]}"
+    assert_no_event_twice(outcome["events"])
 
 
 @pytest.mark.parametrize("table", TABLES)
