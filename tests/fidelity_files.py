@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from cassandra_cdc.demo.cql_workload import has_vectors
 from cassandra_cdc.localcluster import CassandraCluster, artifacts, sstable_format
 # The JVM options nodetool runs with are the ones sstabledump needs (Java 17 module access, small JVM).
 from cassandra_cdc.localcluster.cassandra import JAVA17_ACCESS, SMALL_JVM
@@ -98,10 +99,6 @@ def phases(version: str) -> dict[str, Phase]:
 def phase_directories(root: Path) -> list[Path]:
     """The directories of the runs whose files are under ``root``."""
     return sorted(directory for directory in root.iterdir() if (directory / "schema.cql").is_file())
-
-
-def has_vectors(version: str) -> bool:
-    return version == "5.0"
 
 
 def schema_statements(keyspace: str, compressions: tuple[str, ...], version: str) -> list[str]:
