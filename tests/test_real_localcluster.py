@@ -19,7 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from cassandra_cdc.localcluster import (CassandraCluster, ConnectWorker, JvmError, KafkaBroker,
                                         MissingArtifacts, PostgresServer, artifacts)
-from cassandra_cdc.localcluster.cassandra import cassandra_4_0_settings
+from cassandra_cdc.localcluster.cassandra import cassandra_4_0_settings, evenly_spaced_tokens, splitting_token
 from cassandra_cdc.localcluster.process import JvmProcess
 from cassandra_cdc.simulator.broker import free_port
 from conftest import require_jvm_artifacts
@@ -80,6 +80,38 @@ def test_a_node_upgraded_keeps_its_directories_ports_and_settings(tmp_path) -> N
     written = yaml.safe_load((new.directory / "conf" / "cassandra.yaml").read_text())
     assert written["storage_compatibility_mode"] == "CASSANDRA_4"
     assert written["commitlog_directory"] == old.settings["commitlog_directory"]
+
+
+def test_a_joining_node_takes_the_middle_of_the_widest_range() -> None:
+    three = evenly_spaced_tokens(3)  # the last range, wrapping past the ring's end, is the widest by 1
+    assert splitting_token(three) == three[2] + ((1 << 64) - (three[2] - three[0])) // 2
+    assert splitting_token([-100, 100]) == -(1 << 63)  # the middle of the range wrapping past the ring's end
+    assert splitting_token([1 << 62]) == -(1 << 62)  # one node: the other side of the ring
+
+
+def test_nodes_of_two_datacenters_are_placed_in_turn_with_a_seed_in_each(tmp_path) -> None:
+    require_jvm_artifacts()
+    cluster = CassandraCluster(tmp_path, nodes=4, datacenters=2)
+    assert [node.datacenter for node in cluster.nodes] == ["dc1", "dc2", "dc1", "dc2"]
+    assert {node.settings["endpoint_snitch"] for node in cluster.nodes} == {"GossipingPropertyFileSnitch"}
+    seeds = cluster.nodes[0].settings["seed_provider"][0]["parameters"][0]["seeds"]
+    assert seeds == f"127.0.0.1:{cluster.storage_port},127.0.0.2:{cluster.storage_port}"
+    rackdc = (cluster.nodes[1].directory / "conf" / "cassandra-rackdc.properties").read_text()
+    assert rackdc == "dc=dc2\nrack=rack1\n"
+    joining = cluster.new_node(datacenter="dc2")
+    assert (joining.address, joining.datacenter) == ("127.0.0.5", "dc2")
+    assert joining.settings["auto_bootstrap"] is True
+    # The middle of dc2's widest range is the token of a node of dc1: the next one is taken.
+    assert splitting_token([cluster.nodes[1].token, cluster.nodes[3].token]) == cluster.nodes[2].token == 0
+    assert joining.token == 1
+    # The first node of a new datacenter joins without streaming: its data comes with nodetool rebuild.
+    first_of_dc3 = cluster.new_node(datacenter="dc3")
+    assert (first_of_dc3.datacenter, first_of_dc3.settings["auto_bootstrap"]) == ("dc3", False)
+    single = CassandraCluster(tmp_path / "single", nodes=1)
+    with pytest.raises(ValueError, match="datacenter 'dc2': a cluster of one datacenter"):
+        single.new_node(datacenter="dc2")
+    with pytest.raises(ValueError, match="datacenters must be 1 to the number of nodes"):
+        CassandraCluster(tmp_path / "other", nodes=2, datacenters=3)
 
 
 def test_cassandra_4_0_names_settings_with_units_in_its_own_way() -> None:

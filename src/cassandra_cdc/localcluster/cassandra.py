@@ -19,9 +19,14 @@ the loopback interface, so every node keeps Cassandra's one-port-per-role layout
 
 It is a fresh test cluster, set for starting fast on a small machine: one token per node spread evenly
 (no bootstrap, no token allocation), no gossip settling, small heaps, small commit log segments so they
-fill and roll, a simple snitch with one datacenter (``datacenter1``). Nodes start one after another,
-each awaited until its CQL port answers; a node that fails raises :class:`~.process.JvmError` with the
-tail of its log. A restarted node keeps its directories (and replays its commit log).
+fill and roll, a simple snitch with one datacenter (``datacenter1``), or with ``datacenters=N`` the nodes
+placed in turn in ``dc1`` ... ``dcN`` (``GossipingPropertyFileSnitch``, a seed in each). Nodes start one
+after another, each awaited until its CQL port answers; a node that fails raises :class:`~.process.JvmError`
+with the tail of its log. A restarted node keeps its directories (and replays its commit log).
+
+The cluster changes as an operator changes one: a node joins (bootstraps its token's range from the others),
+is decommissioned, removed while dead (``removenode``) or replaced by a new node that takes its token
+(``replace_address_first_boot``).
 """
 
 from __future__ import annotations
@@ -103,6 +108,13 @@ _LOGBACK_TOOLS = """<configuration scan="false">
 """
 
 _MURMUR3_MIN = -(1 << 63)
+_MURMUR3_RANGE = 1 << 64
+
+# The ring delay of a node that bootstraps (see CassandraNode).
+BOOTSTRAP_RING_DELAY_MS = 10_000
+
+# The datacenter SimpleSnitch puts every node in.
+SINGLE_DATACENTER = "datacenter1"
 
 # The role a PasswordAuthenticator node creates on its first start, before any other exists.
 DEFAULT_SUPERUSER = ("cassandra", "cassandra")
@@ -141,6 +153,16 @@ def cassandra_4_0_settings(settings: Mapping[str, Any]) -> dict[str, Any]:
     return converted
 
 
+def _status_of(nodetool_status: str, address: str) -> str | None:
+    """The two-letter state (``UN``, ``DN``, ``UJ``, ...) of the node at ``address`` in the output of
+    ``nodetool status``, None if it is not there."""
+    for line in nodetool_status.splitlines():
+        match = re.match(r"([UD][NLJM])\s+(\S+)", line)
+        if match and match.group(2).rsplit(":", 1)[0] == address:
+            return match.group(1)
+    return None
+
+
 def _check_version(version: str) -> None:
     if version not in artifacts.CASSANDRA_VERSIONS:
         raise ValueError(f"Cassandra version {version!r}: one of {', '.join(artifacts.CASSANDRA_VERSIONS)}")
@@ -148,18 +170,36 @@ def _check_version(version: str) -> None:
 
 def evenly_spaced_tokens(nodes: int) -> list[int]:
     """One Murmur3 token per node, splitting the ring into equal ranges."""
-    return [_MURMUR3_MIN + index * ((1 << 64) // nodes) for index in range(nodes)]
+    return [_MURMUR3_MIN + index * (_MURMUR3_RANGE // nodes) for index in range(nodes)]
+
+
+def splitting_token(tokens: Sequence[int]) -> int:
+    """The token in the middle of the ring's widest range between ``tokens``: where a joining node takes the
+    most load off the others."""
+    ordered = sorted(tokens)
+    ranges = [(following - token) % _MURMUR3_RANGE or _MURMUR3_RANGE
+              for token, following in zip(ordered, [*ordered[1:], ordered[0]])]
+    widest = max(range(len(ordered)), key=ranges.__getitem__)
+    token = ordered[widest] + ranges[widest] // 2
+    return (token - _MURMUR3_MIN) % _MURMUR3_RANGE + _MURMUR3_MIN
 
 
 class CassandraNode(JvmService):
-    """One node of a :class:`CassandraCluster`; its directories exist from construction on."""
+    """One node of a :class:`CassandraCluster`; its directories exist from construction on. ``datacenter``:
+    where ``GossipingPropertyFileSnitch`` places it (SimpleSnitch places every node in ``datacenter1``);
+    ``token``: the token it holds; ``replacing``: the node down whose token and data it takes over at its
+    first start (``replace_address_first_boot``)."""
 
     def __init__(self, index: int, directory: Path, config: Mapping[str, Any], jmx_port: int,
-                 heap: str, version: str = "5.0") -> None:
+                 heap: str, version: str = "5.0", *, datacenter: str = SINGLE_DATACENTER, token: int,
+                 replacing: "CassandraNode | None" = None) -> None:
         self.index = index
         self.version = version
         self.settings = dict(config)
         self.heap = heap
+        self.datacenter = datacenter
+        self.token = token
+        self.replacing = replacing
         self._classpath_name = artifacts.CASSANDRA_VERSIONS[version]
         self.address = f"127.0.0.{index + 1}"
         self.directory = directory
@@ -177,6 +217,12 @@ class CassandraNode(JvmService):
         (conf / "logback.xml").write_text(_LOGBACK.format(log=self.system_log))
         self._tools_logback = conf / "logback-tools.xml"
         self._tools_logback.write_text(_LOGBACK_TOOLS)
+        rackdc = conf / "cassandra-rackdc.properties"
+        rackdc.write_text(f"dc={datacenter}\nrack=rack1\n")
+        replace = [f"-Dcassandra.replace_address_first_boot={replacing.address}"] if replacing else []
+        # How long a node listens to gossip before it takes part: a node that bootstraps must have heard a
+        # seed by then (on busy cores, a second is not always enough), the others need not wait.
+        ring_delay_ms = BOOTSTRAP_RING_DELAY_MS if config.get("auto_bootstrap") else 1000
         classpath = artifacts.classpath(self._classpath_name)
         jamm = [f"-javaagent:{jar}" for jar in artifacts.jars(self._classpath_name)
                 if jar.name.startswith("jamm-")]
@@ -190,8 +236,9 @@ class CassandraNode(JvmService):
              f"-Dcassandra.triggers_dir={conf / 'triggers'}", "-XX:+ExitOnOutOfMemoryError",
              f"-Dcassandra.jmx.local.port={jmx_port}", "-Djava.rmi.server.hostname=127.0.0.1",
              "-Dcassandra-foreground=yes", "-Dcassandra.skip_wait_for_gossip_to_settle=0",
-             "-Dcassandra.ring_delay_ms=1000", "-Dcassandra.superuser_setup_delay_ms=0",
-             "-cp", classpath, "org.apache.cassandra.service.CassandraDaemon"],
+             f"-Dcassandra.ring_delay_ms={ring_delay_ms}", "-Dcassandra.superuser_setup_delay_ms=0",
+             f"-Dcassandra-rackdc.properties=file://{rackdc}",
+             *replace, "-cp", classpath, "org.apache.cassandra.service.CassandraDaemon"],
             self.log_dir, self.system_log)
 
     def __repr__(self) -> str:
@@ -255,48 +302,57 @@ class CassandraCluster(JvmCluster):
                  node_configs: Sequence[Mapping[str, Any]] = (),
                  progress: Callable[[str], None] | None = None,
                  startup_timeout: float = 180.0, password_authentication: bool = False,
-                 version: str = "5.0") -> None:
+                 version: str = "5.0", datacenters: int = 1) -> None:
         _check_version(version)
         if not 1 <= nodes <= 254:
             raise ValueError(f"nodes must be 1 to 254 (one loopback address each), not {nodes}")
         if len(node_configs) > nodes:
             raise ValueError(f"{len(node_configs)} node_configs for {nodes} nodes")
+        if not 1 <= datacenters <= nodes:
+            raise ValueError(f"datacenters must be 1 to the number of nodes ({nodes}), not {datacenters}")
         self.work_dir = Path(work_dir).resolve()
         self.native_port = free_port()
         self.storage_port = free_port()
         self.startup_timeout = startup_timeout
         self.password_authentication = password_authentication
+        self.cluster_name = cluster_name
+        self.heap = heap
+        self.version = version
+        self.config = dict(config or {})
         self._progress = progress or log.info
+        self.datacenters = ([SINGLE_DATACENTER] if datacenters == 1 else
+                            [f"dc{number + 1}" for number in range(datacenters)])
+        # The first node of each datacenter: nodes are placed in the datacenters in turn.
+        self._seeds = [f"127.0.0.{index + 1}" for index in range(datacenters)]
         tokens = evenly_spaced_tokens(nodes)
-        self.nodes = []
-        for index in range(nodes):
-            directory = self.work_dir / f"node{index + 1}"
-            settings = self._node_config(cluster_name, f"127.0.0.{index + 1}", directory, tokens[index],
-                                         version)
-            if password_authentication:
-                settings["authenticator"] = "PasswordAuthenticator"
-            settings.update(config or {})
-            settings.update(node_configs[index] if index < len(node_configs) else {})
-            self.nodes.append(CassandraNode(index, directory, settings, free_port(), heap, version))
+        self.nodes = [self._new_node(index, self.datacenters[index % datacenters], tokens[index],
+                                     node_configs[index] if index < len(node_configs) else {})
+                      for index in range(nodes)]
+        self._next_index = nodes
 
-    def _node_config(self, cluster_name: str, address: str, directory: Path, token: int,
-                     version: str) -> dict[str, Any]:
-        return {
-            "cluster_name": cluster_name,
+    def _new_node(self, index: int, datacenter: str, token: int, config: Mapping[str, Any],
+                  bootstrap: bool = False, replacing: CassandraNode | None = None) -> CassandraNode:
+        directory = self.work_dir / f"node{index + 1}"
+        address = f"127.0.0.{index + 1}"
+        settings = {
+            "cluster_name": self.cluster_name,
             "num_tokens": 1,
-            "initial_token": str(token),
-            "auto_bootstrap": False,
+            # A replacement takes the token of the node it replaces from gossip.
+            **({} if replacing else {"initial_token": str(token)}),
+            "auto_bootstrap": bootstrap,
             "partitioner": "org.apache.cassandra.dht.Murmur3Partitioner",
-            "endpoint_snitch": "SimpleSnitch",
+            "endpoint_snitch": ("SimpleSnitch" if len(self.datacenters) == 1
+                                else "GossipingPropertyFileSnitch"),
             "seed_provider": [{"class_name": "org.apache.cassandra.locator.SimpleSeedProvider",
-                               "parameters": [{"seeds": f"127.0.0.1:{self.storage_port}"}]}],
+                               "parameters": [{"seeds": ",".join(f"{seed}:{self.storage_port}"
+                                                                 for seed in self._seeds)}]}],
             "listen_address": address,
             "rpc_address": address,
             "storage_port": self.storage_port,
             "native_transport_port": self.native_port,
             "start_native_transport": True,
             # A fresh 5.0 cluster: 5.0's own formats (commit log version 8), not the 4.x-compatible ones.
-            **({"storage_compatibility_mode": "NONE"} if version == "5.0" else {}),
+            **({"storage_compatibility_mode": "NONE"} if self.version == "5.0" else {}),
             "data_file_directories": [str(directory / "data")],
             "commitlog_directory": str(directory / "commitlog"),
             "saved_caches_directory": str(directory / "saved_caches"),
@@ -312,10 +368,15 @@ class CassandraCluster(JvmCluster):
             # its messages to settle).
             "read_request_timeout": "10s",
             "write_request_timeout": "10s",
-            "authenticator": "AllowAllAuthenticator",
+            "authenticator": ("PasswordAuthenticator" if self.password_authentication
+                              else "AllowAllAuthenticator"),
             "authorizer": "AllowAllAuthorizer",
             "concurrent_compactors": 1,
+            **self.config,
+            **config,
         }
+        return CassandraNode(index, directory, settings, free_port(), self.heap, self.version,
+                             datacenter=datacenter, token=token, replacing=replacing)
 
     @property
     def contact_points(self) -> list[str]:
@@ -429,29 +490,122 @@ class CassandraCluster(JvmCluster):
             raise ValueError(f"{node} is running: drain and stop it before its upgrade")
         _check_version(version)
         upgraded = CassandraNode(node.index, node.directory, {**node.settings, **(config or {})},
-                                 node.jmx_port, node.heap, version)
-        self.nodes[node.index] = upgraded
+                                 node.jmx_port, node.heap, version, datacenter=node.datacenter,
+                                 token=node.token)
+        self.nodes[self.nodes.index(node)] = upgraded
+        if {other.version for other in self.nodes} == {version}:
+            self.version = version  # the version of the nodes that join from now on
         return upgraded
 
-    def nodetool(self, *arguments: str) -> dict[str, str]:
-        """``nodetool <arguments>`` on every running node; outputs by address."""
-        return {node.address: node.nodetool(*arguments) for node in self.nodes if node.running}
+    # --- the cluster changing --------------------------------------------------------------------------
+
+    def new_node(self, datacenter: str | None = None, replacing: CassandraNode | None = None,
+                 config: Mapping[str, Any] | None = None) -> CassandraNode:
+        """A node (the next loopback address, not started) to :meth:`add`: one that bootstraps into
+        ``datacenter`` (default: the first) with the token in the middle of the widest range of that
+        datacenter's nodes; or, with ``replacing`` (a node down, not removed), one that takes over its token
+        and data with ``replace_address_first_boot``; or the first node of a new datacenter (a cluster of
+        several already), which joins without streaming (``auto_bootstrap: false``, as Cassandra's procedure
+        for a new datacenter asks: its data comes with ``nodetool rebuild`` once keyspaces replicate there)."""
+        if replacing is not None:
+            if replacing.running:
+                raise ValueError(f"{replacing} is running: a node replaced is down")
+            return self._new_node(self._take_index(), replacing.datacenter, replacing.token, config or {},
+                                  bootstrap=True, replacing=replacing)
+        datacenter = datacenter or self.datacenters[0]
+        local = [node.token for node in self.nodes if node.datacenter == datacenter]
+        if not local and self.datacenters == [SINGLE_DATACENTER]:
+            raise ValueError(f"datacenter {datacenter!r}: a cluster of one datacenter (SimpleSnitch) has no "
+                             f"other; make it with datacenters=2 or more")
+        token = splitting_token(local or [node.token for node in self.nodes])
+        while token in {node.token for node in self.nodes}:  # each token held once across datacenters
+            token += 1
+        return self._new_node(self._take_index(), datacenter, token, config or {}, bootstrap=bool(local))
+
+    def add(self, node: CassandraNode) -> None:
+        """Start a :meth:`new_node` and wait until every node sees it NORMAL: it streams its ranges' data
+        from the other replicas first (but for the first node of a new datacenter). A replacement then stands
+        for the node it replaced in :attr:`nodes`."""
+        if node.replacing is not None:
+            self._wait_until_down(node.replacing)
+            self.nodes.remove(node.replacing)
+        self.nodes.append(node)
+        if node.datacenter not in self.datacenters:
+            self.datacenters.append(node.datacenter)
+        self._progress(f"Cassandra node {node.address} joining ({node.datacenter}, token {node.token}"
+                       f"{f', replacing {node.replacing.address}' if node.replacing else ''})")
+        started = time.monotonic()
+        node.start(self.startup_timeout * 2)  # its CQL port opens once its data is streamed
+        self.wait_until_joined(time.monotonic() + self.startup_timeout)
+        self._progress(f"Cassandra node {node.address} joined in {time.monotonic() - started:.1f} s")
+
+    def decommission(self, node: CassandraNode) -> None:
+        """``nodetool decommission``: ``node`` streams its ranges to the nodes that take them over and leaves
+        the ring; then it is stopped, and no longer one of :attr:`nodes` (its directories stay)."""
+        self._progress(f"decommissioning Cassandra node {node.address}")
+        started = time.monotonic()
+        node.nodetool("decommission", timeout=self.startup_timeout * 2)
+        node.stop()
+        self.nodes.remove(node)
+        self._progress(f"Cassandra node {node.address} decommissioned in {time.monotonic() - started:.1f} s")
+
+    def remove(self, dead: CassandraNode) -> None:
+        """``nodetool removenode`` of ``dead`` (stopped or killed), run on a live node: the other replicas
+        stream its ranges' data among themselves; then ``dead`` is no longer one of :attr:`nodes`."""
+        if dead.running:
+            raise ValueError(f"{dead} is running: removenode is for a node that is down "
+                             "(decommission a live one)")
+        self._wait_until_down(dead)
+        live = next(node for node in self.nodes if node.running)
+        with self.driver(only=live) as driver:
+            row = driver.connect().execute("SELECT host_id FROM system.peers_v2 WHERE peer = %s",
+                                           (dead.address,)).one()
+        if row is None:
+            raise ValueError(f"{live.address} does not know {dead.address}")
+        self._progress(f"removing Cassandra node {dead.address} (host id {row.host_id})")
+        started = time.monotonic()
+        live.nodetool("removenode", str(row.host_id), timeout=self.startup_timeout * 2)
+        self.nodes.remove(dead)
+        self._progress(f"Cassandra node {dead.address} removed in {time.monotonic() - started:.1f} s")
+
+    def _wait_until_down(self, dead: CassandraNode) -> None:
+        """Until every running node's failure detector has ``dead`` down (``nodetool status``: ``DN``): a node
+        seen up can be neither replaced nor removed."""
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            states = {node.address: _status_of(node.nodetool("status"), dead.address)
+                      for node in self.nodes if node.running}
+            if all(state is None or state.startswith("D") for state in states.values()):
+                return
+            if time.monotonic() > deadline:
+                raise JvmError(f"{dead.address} is still seen up: {states}")
+            time.sleep(1)
+
+    def _take_index(self) -> int:
+        index = self._next_index
+        if index >= 254:
+            raise ValueError("no loopback address left for another node")
+        self._next_index += 1
+        return index
 
     @contextlib.contextmanager
-    def driver(self, only: CassandraNode | None = None, **options: Any) -> Iterator[Any]:
-        """A cassandra-driver ``Cluster`` for these nodes (protocol v5, local datacenter set, logged in as
-        the default superuser with ``password_authentication``), or talking to node ``only`` alone;
-        ``options`` go to ``Cluster``."""
+    def driver(self, only: CassandraNode | None = None, local_datacenter: str | None = None,
+               **options: Any) -> Iterator[Any]:
+        """A cassandra-driver ``Cluster`` for these nodes (protocol v5, its local datacenter
+        ``local_datacenter``, by default the first, logged in as the default superuser with
+        ``password_authentication``), or talking to node ``only`` alone; ``options`` go to ``Cluster``."""
         from cassandra import ProtocolVersion
         from cassandra.auth import PlainTextAuthProvider
         from cassandra.cluster import Cluster, ExecutionProfile, EXEC_PROFILE_DEFAULT
         from cassandra.policies import DCAwareRoundRobinPolicy, WhiteListRoundRobinPolicy
 
         if only is None:
-            contact_points, policy = self.contact_points, DCAwareRoundRobinPolicy("datacenter1")
+            local = local_datacenter or self.datacenters[0]
+            contact_points = [node.address for node in self.nodes if node.datacenter == local]
+            policy = DCAwareRoundRobinPolicy(local)
         else:
             contact_points, policy = [only.address], WhiteListRoundRobinPolicy([only.address])
-        # Waits to match the nodes' longer timeouts (see _node_config).
+        # Waits to match the nodes' longer timeouts (see _new_node).
         profile = ExecutionProfile(load_balancing_policy=policy, request_timeout=60)
         login = ({"auth_provider": PlainTextAuthProvider(*DEFAULT_SUPERUSER)}
                  if self.password_authentication else {})

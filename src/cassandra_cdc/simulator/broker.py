@@ -30,6 +30,8 @@ COMMAND_TIMEOUT = 60.0
 # Where the ports of servers started here are taken from: above the well-known and most registered ones.
 FIRST_SERVER_PORT = 10000
 _ports = random.Random()  # seeded per process, not by the tests' seeding of the module's generator
+# The ports free_port has given in this process: a server given one may not have bound it yet.
+_given_ports: set[int] = set()
 
 
 class BrokerError(RuntimeError):
@@ -40,16 +42,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nothing is bound to right now, for a server to listen on later.
 
     It is taken below the range the OS gives clients' connections their ports from: a port the OS picked
-    could be given to a connection made before the server binds it, and the server would not start.
+    could be given to a connection made before the server binds it, and the server would not start. Nor is
+    a port given twice in a process.
     """
     ports = _server_ports()
     for _ in range(100):
         port = _ports.choice(ports)
+        if port in _given_ports:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             try:
                 probe.bind((host, port))
             except OSError:
                 continue
+            _given_ports.add(port)
             return port
     raise BrokerError(f"no free port on {host} in {ports.start}-{ports.stop - 1} after 100 tries")
 
