@@ -131,6 +131,29 @@ def test_agent_status(tmp_path: Path, harness: MakeHarness) -> None:
     assert f"error: {missing} is not a directory" in result.output
 
 
+def test_agent_status_until_drained(harness: MakeHarness) -> None:
+    """``agent status --until-drained``, once the node has stopped, waits until the agent has published
+    everything the node made durable, its last segment never COMPLETED (as a node decommissioned leaves it):
+    exit 1 naming the segments left when its timeout passes first, 0 once they are published."""
+    h = harness(segment_size=16 * 1024)
+    h.write(100, sync_every=20)
+    h.node.sync()
+    last = h.node.active_segment.path.name
+    command = ["agent", "status", "--config", str(h.config_file(cleanup__mode="keep")), "--until-drained"]
+    runner = CliRunner()
+    result = runner.invoke(app, [*command, "--timeout", "0.5"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1, result.output
+    assert "not drained after 0 s: " in result.output and last in result.output
+    with running(h.config(cleanup__mode="keep")):
+        result = runner.invoke(app, [*command, "--timeout", "60"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert f"drained: the agent has published everything Cassandra made durable in {h.cdc_raw}" in result.output
+    rows = status_rows(result.output)
+    assert rows[last][1:] == ["writing", rows[last][0], "0", "in progress"]
+    assert all(cells[1:] == ["COMPLETED", cells[0], "0", "published"]
+               for name, cells in rows.items() if name != last)
+
+
 def status_rows(output: str) -> dict[str, list[str]]:
     """The table ``agent status`` prints: segment -> the other cells."""
     rows = {}

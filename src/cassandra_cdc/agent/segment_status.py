@@ -16,6 +16,18 @@ class SegmentStatus:
     completed_by_cassandra: bool
     acknowledged: int | None  # the agent's saved position (None: not started)
     published: bool  # completely published (awaiting or past cleanup)
+    without_cdc_data: bool = False  # a 4.0+ segment with no idx: Cassandra wrote no CDC data to it (yet)
+
+    @property
+    def drained(self) -> bool:
+        """Whether nothing of it is left to publish, its node stopped: published whole, or up to the offset
+        Cassandra made durable (a node that stops, decommissioned or not drained, leaves its last segments
+        without COMPLETED), or a 4.0+ segment without CDC data (no idx)."""
+        if self.published:
+            return True
+        if self.durable_offset is None:
+            return self.without_cdc_data
+        return not self.completed_by_cassandra and self.lag_bytes == 0
 
     @property
     def lag_bytes(self) -> int | None:
@@ -32,5 +44,6 @@ def segment_statuses(cdc_raw: Path, state_dir: Path) -> list[SegmentStatus]:
         saved = positions.get(segment.segment_id)
         statuses.append(SegmentStatus(segment.path.name, index.offset if index else None,
                                       bool(index and index.completed), saved.position if saved else None,
-                                      bool(saved and saved.completed)))
+                                      bool(saved and saved.completed),
+                                      without_cdc_data=segment.version >= 7 and not segment.index_path.exists()))
     return statuses

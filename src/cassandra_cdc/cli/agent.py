@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -74,10 +75,21 @@ def agent(
     raise typer.Exit(runner.run())
 
 
+# How often --until-drained looks at cdc_raw and the agent's positions again.
+DRAINED_POLL_SECONDS = 1.0
+
+
 @app.command()
 def status(config: ConfigOption = None,
            cdc_raw: Annotated[Optional[Path], typer.Option(help="The node's cdc_raw directory.")] = None,
-           state_dir: Annotated[Optional[Path], typer.Option(help="The agent's state directory.")] = None) -> None:
+           state_dir: Annotated[Optional[Path], typer.Option(help="The agent's state directory.")] = None,
+           until_drained: Annotated[bool, typer.Option(
+               help="Once the node has stopped (decommissioned, or drained and stopped): wait until the "
+                    "agent has published everything in cdc_raw, each segment whole or up to the offset "
+                    "Cassandra made durable, before the agent is stopped; exit 1 if --timeout passes "
+                    "first.")] = False,
+           timeout: Annotated[float, typer.Option(help="Seconds --until-drained waits at most.")] = 600.0,
+           ) -> None:
     """Show, per segment in cdc_raw, what Cassandra made durable and what the agent has published."""
     if config is not None:
         try:
@@ -92,16 +104,27 @@ def status(config: ConfigOption = None,
     if not cdc_raw.is_dir():
         typer.echo(f"error: {cdc_raw} is not a directory (the node's cdc_raw_directory)", err=True)
         raise typer.Exit(2)
-    try:
-        rows = segment_statuses(cdc_raw, state_dir)
-    except ValueError as error:  # an unreadable positions.json, named in the message
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            rows = segment_statuses(cdc_raw, state_dir)
+        except ValueError as error:  # an unreadable positions.json, named in the message
+            typer.echo(f"error: {error}", err=True)
+            raise typer.Exit(2)
+        if not until_drained or all(row.drained for row in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(DRAINED_POLL_SECONDS)
     table = Table("segment", "durable offset", "Cassandra", "acknowledged", "lag bytes", "agent")
     for row in rows:
         table.add_row(row.segment, _text(row.durable_offset), "COMPLETED" if row.completed_by_cassandra else "writing",
                       _text(row.acknowledged), _text(row.lag_bytes), "published" if row.published else "in progress")
     Console().print(table)
+    if until_drained:
+        undrained = [row.segment for row in rows if not row.drained]
+        if undrained:
+            typer.echo(f"not drained after {timeout:.0f} s: {', '.join(undrained)}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"drained: the agent has published everything Cassandra made durable in {cdc_raw}")
 
 
 def _text(value: int | None) -> str:
