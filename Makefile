@@ -71,8 +71,8 @@ run: install
 	$(USE_SPARK_CLASS_ARCHIVE) $(BIN)/cassandra-cdc demo $(if $(DURATION),--duration $(DURATION)) $(ARGS)
 
 # CASSANDRA_CDC_REQUIRE_JVM: tests needing the fetched JVM artifacts fail instead of skipping without them.
-# The long scenarios (tests marked `scenario`: a rolling upgrade, Kafka failing over) are not in it, to keep
-# it within its time: `make scenarios` runs them (benchmarks/scenarios.py).
+# The long scenarios (tests marked `scenario`: a rolling upgrade, Kafka failing over, nodes joining and
+# leaving, two data centers) are not in it, to keep it within its time: `make scenarios` runs them (benchmarks/scenarios.py).
 # TEST_WORKERS pytest-xdist workers; a worker that runs out of tests takes the other's (worksteal).
 # SPARK_SUBMIT_OPTS (added to yours): the tests' Spark drivers run for seconds, too short for C2's
 # compilations to pay back what they cost (a pipeline that runs for long wants C2: docs/pipeline.md).

@@ -18,6 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {
     "rolling-upgrade": "tests/test_real_upgrade.py",  # 3 nodes from Cassandra 4.1 to 5.0 under load
     "kafka-failover": "tests/test_real_kafka_cluster.py",  # 3 brokers, leaders and coordinators killed
+    "topology": "tests/test_real_topology.py",  # nodes join, are repaired, removed, decommissioned, replaced
+    "two-datacenters": "tests/test_real_two_datacenters.py",  # 2 + 2 nodes, agents in both or in one
 }
 
 

@@ -194,24 +194,18 @@ class System:
     """The agents and the pipeline of logical cluster ``server``, as processes, and how to restart them.
     ``tables``: the agents' ``tables.include`` patterns (none: every CDC table); ``schema_file``: where the
     agents read the schema (none: by CQL from their node); ``agent_settings``: more settings of every
-    agent."""
+    agent; ``nodes``: the nodes with an agent (default: every node of ``cluster``)."""
 
     def __init__(self, root: Path, cluster: Any, kafka: Any, server: str, tables: list[str] = (),
-                 schema_file: Path | None = None, agent_settings: dict[str, Any] | None = None) -> None:
+                 schema_file: Path | None = None, agent_settings: dict[str, Any] | None = None,
+                 nodes: list[Any] | None = None) -> None:
+        self.root = root
         self.server = server
         self.bootstrap_servers = kafka.bootstrap_servers
-        self.agents = []
-        for node in cluster.nodes:
-            schema = ({"file": str(schema_file)} if schema_file is not None else
-                      {"cassandra": {"contact_points": [node.address], "port": node.native_port}})
-            config = write_yaml(root / f"agent-{node.address}.yaml", {
-                "server": server, "node_id": node.address, "cdc_raw": str(node.cdc_raw_dir),
-                "state_dir": str(root / f"agent-state-{node.address}"), "schema": schema,
-                "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "raw_topic_partitions": 3},
-                "metrics": {"port": 0}, "poll_interval_ms": 200, "tables": {"include": list(tables)},
-                **(agent_settings or {})})
-            self.agents.append(ChildProcess(f"agent {node.address}", ["agent", "--config", str(config)],
-                                            root / f"agent-{node.address}.log", ready_marker="tailing"))
+        self._tables = list(tables)
+        self._schema_file = schema_file
+        self._agent_settings = agent_settings or {}
+        self.agents = [self.agent_of(node) for node in (cluster.nodes if nodes is None else nodes)]
         self.pipeline_config = write_yaml(root / "pipeline.yaml", {
             "server": server, "checkpoint": str(root / "checkpoint"),
             "kafka": {"bootstrap_servers": kafka.bootstrap_servers, "max_offsets_per_trigger": 5000,
@@ -220,6 +214,30 @@ class System:
         self.pipeline = ChildProcess("pipeline", ["pipeline", "--config", str(self.pipeline_config)],
                                      root / "pipeline.log",
                                      ready_marker="pipeline running")
+
+    def agent_config(self, node: Any) -> Path:
+        return self.root / f"agent-{node.address}.yaml"
+
+    def agent_of(self, node: Any, other_nodes: list[Any] = ()) -> ChildProcess:
+        """The agent of ``node`` (not started), reading the schema by CQL from its node, or while it does not
+        answer from ``other_nodes``."""
+        contact_points = [node.address, *(other.address for other in other_nodes)]
+        schema = ({"file": str(self._schema_file)} if self._schema_file is not None else
+                  {"cassandra": {"contact_points": contact_points, "port": node.native_port}})
+        config = write_yaml(self.agent_config(node), {
+            "server": self.server, "node_id": node.address, "cdc_raw": str(node.cdc_raw_dir),
+            "state_dir": str(self.root / f"agent-state-{node.address}"), "schema": schema,
+            "kafka": {"bootstrap_servers": self.bootstrap_servers, "raw_topic_partitions": 3},
+            "metrics": {"port": 0}, "poll_interval_ms": 200, "tables": {"include": self._tables},
+            **self._agent_settings})
+        return ChildProcess(f"agent {node.address}", ["agent", "--config", str(config)],
+                            self.root / f"agent-{node.address}.log", ready_marker="tailing")
+
+    def add_agent(self, node: Any, other_nodes: list[Any] = ()) -> ChildProcess:
+        """Start the agent of a node that joins, before it serves CQL (``agent_of``)."""
+        agent = self.agent_of(node, other_nodes).start()
+        self.agents.append(agent)
+        return agent
 
     def start_agents(self) -> None:
         """Start every agent and wait until each tails its node's cdc_raw."""
@@ -323,6 +341,25 @@ def steps_evented(events: list[dict[str, Any]]) -> dict[int, str]:
     return {event["after"]["id"]: event["after"]["stage"] for event in events if event["op"] == "c"}
 
 
+def steps_evented_more_than_once(events: list[dict[str, Any]]) -> dict[int, list[str]]:
+    """The steps (each a row inserted once, never changed) with more than one event: id -> their ops."""
+    ops: dict[int, list[str]] = collections.defaultdict(list)
+    for event in events:
+        ops[(event["after"] or event["before"])["id"]].append(event["op"])
+    return {step: found for step, found in ops.items() if len(found) > 1}
+
+
+def records_on(bootstrap_servers: str, topic: str) -> int:
+    """How many records ``topic`` holds: the sum of its partitions' high watermarks."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "unused"})
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+                   for partition in partitions)
+    finally:
+        consumer.close()
+
+
 def lag_by_stage(events: list[dict[str, Any]]) -> dict[str, str]:
     """How long after its write each step's event was made (its ``ts_ms`` against ``source.ts_ms``), by
     stage: the median and the most, in seconds."""
@@ -334,11 +371,11 @@ def lag_by_stage(events: list[dict[str, Any]]) -> dict[str, str]:
 
 
 class RetryingSession:
-    """A session whose statements run at QUORUM and run again when the cluster could not take them (a node
-    draining, stopping or starting)."""
+    """A session whose statements run at ``consistency`` (QUORUM) and run again when the cluster could not
+    take them (a node draining, stopping or starting)."""
 
-    def __init__(self, session: Any, attempts: int = 20) -> None:
-        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = ConsistencyLevel.QUORUM
+    def __init__(self, session: Any, attempts: int = 20, consistency: int = ConsistencyLevel.QUORUM) -> None:
+        session.get_execution_profile(EXEC_PROFILE_DEFAULT).consistency_level = consistency
         self.session = session
         self.attempts = attempts
         self.retries = 0
@@ -357,12 +394,16 @@ class RetryingSession:
 class SteadyWriter(threading.Thread):
     """The CQL workload (``cql_workload``) into ``keyspace`` in a loop, a step (~60 statements) every
     ``STEP_INTERVAL`` seconds at most, until stopped; the last statement of each step writes its id and
-    the stage it ran in (``current_stage``) into the ``steps`` table, and ``acknowledged`` holds them."""
+    the stage it ran in (``current_stage``) into the ``steps`` table, and ``acknowledged`` holds them.
+    Steps are numbered from ``first_step`` (writers of one keyspace side by side: far apart), their
+    statements run at ``consistency``."""
 
     def __init__(self, session: Any, keyspace: str, cassandra_version: str,
-                 current_stage: Callable[[], str]) -> None:
+                 current_stage: Callable[[], str], first_step: int = 0,
+                 consistency: int = ConsistencyLevel.QUORUM) -> None:
         super().__init__(name="steady writer", daemon=True)
-        self.retrying = RetryingSession(session)
+        self.retrying = RetryingSession(session, consistency=consistency)
+        self.first_step = first_step
         self.keyspace = keyspace
         self.write = Workload(self.retrying, keyspace, cassandra_version)
         self.current_stage = current_stage
@@ -372,7 +413,7 @@ class SteadyWriter(threading.Thread):
 
     def run(self) -> None:
         try:
-            step = 0
+            step = self.first_step
             while not self._stopping.wait(STEP_INTERVAL):
                 start = step * 10
                 self.write.rows_table(start, 1)

@@ -17,7 +17,7 @@ import decimal
 import struct
 import time
 import uuid
-from typing import Any
+from typing import Any, Mapping
 
 from cassandra import util
 
@@ -30,13 +30,21 @@ def has_vectors(cassandra_version: str) -> bool:
     return int(cassandra_version.split(".")[0]) >= 5
 
 
-def schema_statements(keyspace: str, cassandra_version: str = "5.0", replicas: int = 3) -> list[str]:
-    """The keyspace (``replicas`` in ``datacenter1``), its user type and tables (``types`` with a vector
-    column on a version that has them); ``plain`` has no CDC."""
+def replication(replicas: int | Mapping[str, int]) -> str:
+    """A keyspace's ``replication`` (``NetworkTopologyStrategy``): ``replicas`` in ``datacenter1``, or
+    replicas by datacenter."""
+    by_datacenter = {"datacenter1": replicas} if isinstance(replicas, int) else replicas
+    placement = "".join(f", '{datacenter}': {count}" for datacenter, count in by_datacenter.items())
+    return f"{{'class': 'NetworkTopologyStrategy'{placement}}}"
+
+
+def schema_statements(keyspace: str, cassandra_version: str = "5.0",
+                      replicas: int | Mapping[str, int] = 3) -> list[str]:
+    """The keyspace (``replicas`` in ``datacenter1``, or replicas by datacenter), its user type and tables
+    (``types`` with a vector column on a version that has them); ``plain`` has no CDC."""
     embedding = "embedding vector<float, 3>, " if has_vectors(cassandra_version) else ""
     return [
-        f"CREATE KEYSPACE {keyspace} WITH replication = "
-        f"{{'class': 'NetworkTopologyStrategy', 'datacenter1': {replicas}}}",
+        f"CREATE KEYSPACE {keyspace} WITH replication = {replication(replicas)}",
         f"CREATE TYPE {keyspace}.address (street text, number int)",
         f"CREATE TYPE {keyspace}.tagged (name text, tags frozen<set<text>>, scores frozen<map<int, text>>)",
         f"""CREATE TABLE {keyspace}.rows (pk int, ck int, s text static, v text, n int, gone text,
