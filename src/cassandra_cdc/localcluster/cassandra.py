@@ -588,6 +588,10 @@ class CassandraCluster(JvmCluster):
         self._next_index += 1
         return index
 
+    def nodetool(self, *arguments: str) -> dict[str, str]:
+        """``nodetool <arguments>`` on every running node; outputs by address."""
+        return {node.address: node.nodetool(*arguments) for node in self.nodes if node.running}
+
     @contextlib.contextmanager
     def driver(self, only: CassandraNode | None = None, local_datacenter: str | None = None,
                **options: Any) -> Iterator[Any]:
