@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from cassandra_cdc.demo.cql_workload import Workload, key_columns, table_rows
 from cassandra_cdc.demo.processes import ChildProcess
 from cassandra_cdc.demo.table_check import compare_rows, replay
+from cassandra_cdc.kafka.consume import watermark_offsets
 from cassandra_cdc.kafka.raw_records import RawRecord, TruncationRecord, is_truncation
 from cassandra_cdc.kafka.schema_records import SchemaRecord
 from cassandra_cdc.storage import PartitionUpdateSerializer
@@ -354,8 +355,7 @@ def records_on(bootstrap_servers: str, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "unused"})
     try:
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
-                   for partition in partitions)
+        return sum(watermark_offsets(consumer, topic, partition, timeout=10)[1] for partition in partitions)
     finally:
         consumer.close()
 
